@@ -1,0 +1,171 @@
+"""Agent actions as text: one rendering shared by ingestion, teacher replay and rollouts.
+
+An *action* is what an agent emits in one assistant turn: text, thinking and tool calls, in order.
+Every part of the project speaks about actions in one textual form so that a student's recorded
+action, a teacher's replayed action and a freshly sampled rollout can be compared:
+
+    [THINKING] I should look at the file first.
+    Let me read it.
+    [TOOL_USE] name=Read input={"file_path": "/repo/a.py"}
+
+- ``[THINKING] ...`` blocks carry reasoning (kept in ``student_action``, stripped from histories).
+- ``[TOOL_USE] name=NAME input=JSON`` carries one tool call; ``JSON`` is the arguments object as
+  written by :func:`format_tool_use` (or the raw argument text when it was not valid JSON).
+- Everything else is plain text.
+
+:func:`parse_action` reads the form back; :func:`canonical_action` gives the form used to judge
+agreement (whitespace-normalized text, tool calls by name and canonical JSON arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "ActionBlock",
+    "format_tool_use",
+    "format_thinking",
+    "render_action",
+    "parse_action",
+    "canonical_action",
+    "tool_calls_to_action",
+]
+
+TOOL_USE_PREFIX = "[TOOL_USE] name="
+THINKING_PREFIX = "[THINKING]"
+_BLOCK_START = re.compile(r"^(\[TOOL_USE\] name=|\[THINKING\])", re.MULTILINE)
+_WS = re.compile(r"\s+")
+
+
+@dataclass
+class ActionBlock:
+    """One block of an action.
+
+    Attributes:
+        kind: ``"text"``, ``"thinking"`` or ``"tool_use"``.
+        text: the text (for ``text`` / ``thinking``); for ``tool_use`` the raw argument text.
+        name: the tool name (``tool_use`` only).
+        arguments: the parsed arguments (``tool_use`` only); ``None`` when they are not valid JSON.
+    """
+
+    kind: Literal["text", "thinking", "tool_use"]
+    text: str = ""
+    name: str = ""
+    arguments: Any = field(default=None)
+
+    @property
+    def arguments_valid(self) -> bool:
+        """True when a tool call's arguments parsed as a JSON object."""
+        return self.kind == "tool_use" and isinstance(self.arguments, dict)
+
+
+def format_tool_use(name: str, arguments: Any) -> str:
+    """Render one tool call as ``[TOOL_USE] name=NAME input=JSON``.
+
+    ``arguments`` may be a dict (dumped as compact JSON, keys in their given order) or a string
+    (an OpenAI-style JSON string, kept verbatim so invalid JSON survives as written).
+    """
+    if isinstance(arguments, str):
+        payload = arguments.strip() or "{}"
+    else:
+        payload = json.dumps({} if arguments is None else arguments, ensure_ascii=False)
+    return f"{TOOL_USE_PREFIX}{name} input={payload}"
+
+
+def format_thinking(text: str) -> str:
+    """Render one thinking block as ``[THINKING] text``."""
+    return f"{THINKING_PREFIX} {text}".rstrip()
+
+
+def render_action(blocks: list[ActionBlock]) -> str:
+    """Join blocks into the action text, one block per paragraph, in order."""
+    parts: list[str] = []
+    for b in blocks:
+        if b.kind == "tool_use":
+            parts.append(format_tool_use(b.name, b.arguments if b.arguments is not None else b.text))
+        elif b.kind == "thinking":
+            parts.append(format_thinking(b.text))
+        elif b.text.strip():
+            parts.append(b.text.strip())
+    return "\n".join(parts)
+
+
+def tool_calls_to_action(content: str | None, tool_calls: list[dict] | None) -> str:
+    """Render an OpenAI-style assistant message (``content`` + ``tool_calls``) as action text."""
+    blocks: list[ActionBlock] = []
+    if content and content.strip():
+        blocks.append(ActionBlock("text", content))
+    for call in tool_calls or []:
+        fn = call.get("function", call)
+        blocks.append(ActionBlock("tool_use", text=str(fn.get("arguments", "")), name=str(fn.get("name", ""))))
+    return render_action(blocks)
+
+
+def _split_tool_payload(rest: str) -> tuple[str, str, str]:
+    """Split ``NAME input=PAYLOAD...`` into (name, payload, trailing text after the JSON value)."""
+    name, sep, after = rest.partition(" input=")
+    if not sep:
+        return rest.strip(), "", ""
+    after = after.lstrip()
+    try:
+        _, end = json.JSONDecoder().raw_decode(after)
+        return name.strip(), after[:end], after[end:]
+    except json.JSONDecodeError:
+        return name.strip(), after.rstrip(), ""
+
+
+def parse_action(text: str) -> list[ActionBlock]:
+    """Parse action text (as written by :func:`render_action`) back into blocks.
+
+    Tolerant: text before the first marker is a text block; a ``[TOOL_USE]`` whose payload is not
+    valid JSON keeps the raw payload in ``text`` and ``arguments=None``. Text that follows a tool
+    call's JSON object on later lines becomes a text block.
+    """
+    blocks: list[ActionBlock] = []
+    starts = [m.start() for m in _BLOCK_START.finditer(text)]
+    if not starts or starts[0] > 0:
+        head = text[: starts[0]] if starts else text
+        if head.strip():
+            blocks.append(ActionBlock("text", head.strip()))
+    for i, s in enumerate(starts):
+        chunk = text[s : starts[i + 1] if i + 1 < len(starts) else len(text)]
+        if chunk.startswith(THINKING_PREFIX):
+            blocks.append(ActionBlock("thinking", chunk[len(THINKING_PREFIX) :].strip()))
+            continue
+        name, payload, trailing = _split_tool_payload(chunk[len(TOOL_USE_PREFIX) :])
+        try:
+            args = json.loads(payload) if payload else None
+        except json.JSONDecodeError:
+            args = None
+        blocks.append(ActionBlock("tool_use", text=payload, name=name, arguments=args))
+        if trailing.strip():
+            blocks.append(ActionBlock("text", trailing.strip()))
+    return blocks
+
+
+def canonical_action(text: str, *, include_thinking: bool = False) -> str:
+    """The form used to judge whether two actions agree.
+
+    Text is whitespace-normalized (runs of whitespace become one space, ends trimmed); tool calls
+    compare by name and canonical JSON arguments (sorted keys, compact separators), so key order
+    and spacing inside the JSON do not matter. Thinking is ignored unless ``include_thinking``.
+    """
+    out: list[str] = []
+    for b in parse_action(text):
+        if b.kind == "thinking":
+            if include_thinking:
+                out.append("[THINKING] " + _WS.sub(" ", b.text).strip())
+        elif b.kind == "tool_use":
+            if b.arguments is not None:
+                args = json.dumps(b.arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            else:
+                args = _WS.sub(" ", b.text).strip()
+            out.append(f"[TOOL_USE] {b.name} {args}")
+        else:
+            norm = _WS.sub(" ", b.text).strip()
+            if norm:
+                out.append(norm)
+    return "\n".join(out)
