@@ -4,11 +4,12 @@ An *action* is what an agent emits in one assistant turn: text, thinking and too
 Every part of the project speaks about actions in one textual form so that a student's recorded
 action, a teacher's replayed action and a freshly sampled rollout can be compared:
 
-    [THINKING] I should look at the file first.
+    [THINKING] I should look at the file first. [/THINKING]
     Let me read it.
     [TOOL_USE] name=Read input={"file_path": "/repo/a.py"}
 
-- ``[THINKING] ...`` blocks carry reasoning (kept in ``student_action``, stripped from histories).
+- ``[THINKING] ... [/THINKING]`` blocks carry reasoning (kept in ``student_action``, stripped from
+  histories); the closing marker lets text that follows a thinking block be told apart from it.
 - ``[TOOL_USE] name=NAME input=JSON`` carries one tool call; ``JSON`` is the arguments object as
   written by :func:`format_tool_use` (or the raw argument text when it was not valid JSON).
 - Everything else is plain text.
@@ -36,6 +37,7 @@ __all__ = [
 
 TOOL_USE_PREFIX = "[TOOL_USE] name="
 THINKING_PREFIX = "[THINKING]"
+THINKING_SUFFIX = "[/THINKING]"
 _BLOCK_START = re.compile(r"^(\[TOOL_USE\] name=|\[THINKING\])", re.MULTILINE)
 _WS = re.compile(r"\s+")
 
@@ -76,8 +78,8 @@ def format_tool_use(name: str, arguments: Any) -> str:
 
 
 def format_thinking(text: str) -> str:
-    """Render one thinking block as ``[THINKING] text``."""
-    return f"{THINKING_PREFIX} {text}".rstrip()
+    """Render one thinking block as ``[THINKING] text [/THINKING]``."""
+    return f"{THINKING_PREFIX} {text.strip()} {THINKING_SUFFIX}" if text.strip() else f"{THINKING_PREFIX} {THINKING_SUFFIX}"
 
 
 def render_action(blocks: list[ActionBlock]) -> str:
@@ -133,7 +135,10 @@ def parse_action(text: str) -> list[ActionBlock]:
     for i, s in enumerate(starts):
         chunk = text[s : starts[i + 1] if i + 1 < len(starts) else len(text)]
         if chunk.startswith(THINKING_PREFIX):
-            blocks.append(ActionBlock("thinking", chunk[len(THINKING_PREFIX) :].strip()))
+            body, closed, rest = chunk[len(THINKING_PREFIX) :].partition(THINKING_SUFFIX)
+            blocks.append(ActionBlock("thinking", body.strip()))
+            if closed and rest.strip():
+                blocks.append(ActionBlock("text", rest.strip()))
             continue
         name, payload, trailing = _split_tool_payload(chunk[len(TOOL_USE_PREFIX) :])
         try:
