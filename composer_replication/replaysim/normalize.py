@@ -1,0 +1,302 @@
+"""replaysim: normalise teacher-replay DPO pairs with a data-juicer-style recipe (ADR-004).
+
+Pipeline: ``replay_trace`` (teachers answer each frozen state) -> ``extract_dpo_pairs`` (consensus
+vs. student) -> ``DJNormalizer.normalize`` (filters and dedup) -> ``NormalizedDPOPair``.
+
+Each pair becomes a record with the chosen and rejected actions as flat strings (``chosen``,
+``rejected``, and ``text = chosen + "\\n" + rejected``) beside the chat-message lists, so a
+data-juicer recipe runs unchanged. The default ``backend="native"`` runs the operators of
+``composer_replication.replaysim.ops``; ``backend="data_juicer"`` runs the real data-juicer, which is
+never a dependency (it installs packages while running; see notes/offline-deps.md §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from composer_replication.replaysim.ops import NATIVE_OPS, dedup_hash, op_keep
+from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
+from composer_replication.types import DPOPair, TeacherCallResult
+
+__all__ = [
+    "NormalizedDPOPair",
+    "DroppedPair",
+    "NormalizeReport",
+    "DJNormalizer",
+    "replay_and_normalize_trace",
+    "replay_and_normalize_trace_sync",
+]
+
+log = logging.getLogger(__name__)
+
+_BACKENDS = ("native", "data_juicer")
+_REQUIRED = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
+_DJ_HINT = "pip install py-data-juicer"
+
+
+@dataclass
+class NormalizedDPOPair:
+    """A DPO pair after normalisation, in chat format.
+
+    ``chosen_messages``/``rejected_messages`` are ``[{"role": "assistant", "content": ...}]``.
+    ``metadata`` records the backend, the recipe and the operators that ran (or ``{"skipped": True}``).
+    """
+
+    state_id: str
+    state_messages: list[dict[str, Any]]
+    chosen_messages: list[dict[str, Any]]
+    rejected_messages: list[dict[str, Any]]
+    n_teachers_agreeing: int
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DroppedPair:
+    """Why one input pair was dropped."""
+
+    index: int
+    """Position of the pair in the input of ``normalize``."""
+    state_id: str
+    """The pair's state id."""
+    op: str
+    """The operator that dropped it (``"data_juicer"`` when that backend cannot say)."""
+    reason: str
+    """A readable reason, e.g. ``"text_length_filter on chosen: len=0 outside [1, 20000]"``."""
+
+
+@dataclass(kw_only=True)
+class NormalizeReport:
+    """What the last ``normalize`` call did."""
+
+    backend: str
+    """``"native"``, ``"data_juicer"`` or ``"skipped"``."""
+    recipe: str | None
+    """The recipe path (``None`` when skipped)."""
+    n_in: int
+    """Pairs received."""
+    n_out: int
+    """Pairs kept."""
+    ops: list[str] = field(default_factory=list)
+    """Operators run, in order."""
+    dropped: list[DroppedPair] = field(default_factory=list)
+    """One entry per dropped pair."""
+
+
+def _record(i: int, pair: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(pair, Mapping):
+        raise TypeError(f"pairs[{i}] must be a DPOPair mapping, got {type(pair).__name__}")
+    missing = [k for k in _REQUIRED if k not in pair]
+    if missing:
+        raise ValueError(f"pairs[{i}] is missing key(s) {missing}; a DPOPair has {list(_REQUIRED)}")
+    for key in ("chosen", "rejected", "state_id"):
+        if not isinstance(pair[key], str):
+            raise TypeError(f"pairs[{i}][{key!r}] must be str, got {type(pair[key]).__name__}")
+    chosen, rejected = pair["chosen"], pair["rejected"]
+    return {
+        "state_id": pair["state_id"],
+        "state_messages": list(pair["state_messages"]),
+        "chosen": chosen,
+        "rejected": rejected,
+        "text": f"{chosen}\n{rejected}",
+        "chosen_messages": [{"role": "assistant", "content": chosen}],
+        "rejected_messages": [{"role": "assistant", "content": rejected}],
+        "n_teachers_agreeing": int(pair["n_teachers_agreeing"]),
+    }
+
+
+def _to_pair(rec: dict[str, Any], metadata: dict[str, Any]) -> NormalizedDPOPair:
+    return NormalizedDPOPair(
+        state_id=rec["state_id"], state_messages=rec["state_messages"],
+        chosen_messages=rec["chosen_messages"], rejected_messages=rec["rejected_messages"],
+        n_teachers_agreeing=rec["n_teachers_agreeing"], metadata=metadata,
+    )
+
+
+class DJNormalizer:
+    """Normalise DPO pairs with a data-juicer-shaped recipe.
+
+    Args:
+        recipe_path: the YAML recipe; ``None`` means ``DJNormalizer.DEFAULT_RECIPE``.
+        skip_dj: pass pairs through unchanged with ``metadata={"skipped": True}``; no recipe is read.
+        backend: ``"native"`` (built-in operators, the default) or ``"data_juicer"`` (the real
+            data-juicer, which must be installed: ``pip install py-data-juicer``).
+
+    Raises:
+        FileNotFoundError: the recipe does not exist (unless ``skip_dj``).
+        ValueError: an unknown backend, or a malformed recipe (``RecipeError`` names the operator/key).
+        RuntimeError: ``backend="data_juicer"`` but data-juicer is not importable.
+    """
+
+    DEFAULT_RECIPE: ClassVar[Path] = Path(__file__).resolve().parents[2] / "recipes" / "replaysim" / "default.yaml"
+
+    def __init__(
+        self,
+        recipe_path: str | os.PathLike[str] | None = None,
+        *,
+        skip_dj: bool = False,
+        backend: str = "native",
+    ) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+        self.backend = backend
+        self.skip_dj = skip_dj
+        self.recipe_path = Path(recipe_path) if recipe_path is not None else self.DEFAULT_RECIPE
+        self.recipe: Recipe | None = None
+        self.ops: list[OpSpec] = []
+        self.last_report: NormalizeReport | None = None
+        if skip_dj:
+            return
+        self.recipe = load_recipe(self.recipe_path)
+        if backend == "native":
+            self.ops = resolve_ops(self.recipe)
+            bad = [op for op in self.ops if op.text_key not in ("chosen", "rejected", "text")]
+            if bad:
+                raise ValueError(
+                    f"recipe {self.recipe_path}: process[{bad[0].index}] ({bad[0].name}) reads text_key "
+                    f"{bad[0].text_key!r}; records have 'chosen', 'rejected' and 'text' (chosen + newline + rejected)"
+                )
+        elif importlib.util.find_spec("data_juicer") is None:
+            raise RuntimeError(f"backend='data_juicer' needs data-juicer, which is not installed: {_DJ_HINT}")
+
+    def normalize_report(self) -> NormalizeReport | None:
+        """The report of the last ``normalize`` call (``None`` before the first)."""
+        return self.last_report
+
+    def normalize(self, pairs: Iterable[DPOPair | Mapping[str, Any]]) -> list[NormalizedDPOPair]:
+        """Run the recipe over ``pairs``; the output keeps input order and may be shorter.
+
+        Raises:
+            ValueError/TypeError: a pair that lacks a DPOPair key or has a non-string action.
+        """
+        records = [_record(i, p) for i, p in enumerate(pairs)]
+        if self.skip_dj:
+            self.last_report = NormalizeReport(backend="skipped", recipe=None, n_in=len(records), n_out=len(records))
+            return [_to_pair(r, {"skipped": True}) for r in records]
+        if self.backend == "native":
+            return self._normalize_native(records)
+        return self._normalize_data_juicer(records)
+
+    # ------------------------------------------------------------------------------------------
+    def _normalize_native(self, records: list[dict[str, Any]]) -> list[NormalizedDPOPair]:
+        alive = list(range(len(records)))
+        dropped: list[DroppedPair] = []
+        for op in self.ops:
+            kept: list[int] = []
+            seen: dict[str, int] = {}
+            for i in alive:
+                text = records[i][op.text_key]
+                if NATIVE_OPS[op.name].kind == "deduplicator":
+                    first = seen.setdefault(dedup_hash(text, op.args), i)
+                    ok, why = first == i, f"duplicate of pair #{first} ({records[first]['state_id']})"
+                else:
+                    ok, why = op_keep(op.name, text, op.args)
+                if ok:
+                    kept.append(i)
+                else:
+                    dropped.append(DroppedPair(index=i, state_id=records[i]["state_id"], op=op.name,
+                                               reason=f"{op.name} on {op.text_key}: {why}"))
+            alive = kept
+        ran = [{"op": op.name, "text_key": op.text_key, "backend": "native"} for op in self.ops]
+        meta = {"backend": "native", "recipe": str(self.recipe_path), "ops": ran}
+        self.last_report = NormalizeReport(
+            backend="native", recipe=str(self.recipe_path), n_in=len(records), n_out=len(alive),
+            ops=[op.name for op in self.ops], dropped=sorted(dropped, key=lambda d: d.index),
+        )
+        return [_to_pair(records[i], {**meta, "ops": [dict(o) for o in ran], "source_index": i}) for i in alive]
+
+    def _normalize_data_juicer(self, records: list[dict[str, Any]]) -> list[NormalizedDPOPair]:
+        try:
+            from data_juicer.config import init_configs
+            from data_juicer.core import DefaultExecutor
+        except ImportError as exc:
+            raise RuntimeError(f"backend='data_juicer' could not import data-juicer ({exc}): {_DJ_HINT}") from exc
+        with tempfile.TemporaryDirectory(prefix="replaysim_dj_") as tmp:
+            data, out, cfg_path = Path(tmp) / "pairs.jsonl", Path(tmp) / "out" / "result.jsonl", Path(tmp) / "recipe.yaml"
+            with data.open("w", encoding="utf-8") as f:
+                for i, rec in enumerate(records):
+                    f.write(json.dumps({**rec, "_replaysim_index": i}) + "\n")
+            cfg = {"np": 1, **self.recipe.raw, "dataset_path": str(data), "export_path": str(out)}
+            cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+            DefaultExecutor(init_configs(args=["--config", str(cfg_path)])).run()
+            kept_idx = []
+            if out.exists():
+                for line in out.read_text(encoding="utf-8").splitlines():
+                    if line.strip():
+                        kept_idx.append(int(json.loads(line)["_replaysim_index"]))
+        ops = [name for name, _ in self.recipe.process]
+        kept_set = set(kept_idx)
+        dropped = [DroppedPair(index=i, state_id=r["state_id"], op="data_juicer",
+                               reason="dropped by data-juicer (this backend does not report the operator)")
+                   for i, r in enumerate(records) if i not in kept_set]
+        self.last_report = NormalizeReport(backend="data_juicer", recipe=str(self.recipe_path),
+                                           n_in=len(records), n_out=len(kept_idx), ops=ops, dropped=dropped)
+        ran = [{"op": name, "backend": "data_juicer"} for name in ops]
+        return [_to_pair(records[i], {"backend": "data_juicer", "recipe": str(self.recipe_path),
+                                      "ops": [dict(o) for o in ran], "source_index": i}) for i in sorted(kept_set)]
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end: replay -> pairs -> normalise
+# ----------------------------------------------------------------------------------------------
+def _teacher_replay() -> Any:
+    """Import ``composer_replication.teacher_replay`` lazily (tests replace this function)."""
+    return importlib.import_module("composer_replication.teacher_replay")
+
+
+async def replay_and_normalize_trace(
+    *,
+    states: Any,
+    teachers: Any = None,
+    agreement_threshold: int = 2,
+    max_total_usd: float = 5.0,
+    normalizer: DJNormalizer | None = None,
+    **replay_kwargs: Any,
+) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
+    """Replay ``states`` against the teachers, extract consensus pairs and normalise them.
+
+    ``teachers=None`` uses ``teacher_replay``'s defaults; ``replay_kwargs`` (e.g. ``api_key``) go to
+    ``replay_trace``; ``normalizer=None`` builds ``DJNormalizer()`` (the default recipe, native ops).
+
+    Returns:
+        ``(raw_teacher_results, normalized_pairs)``.
+    """
+    if normalizer is not None and not isinstance(normalizer, DJNormalizer):
+        raise TypeError(f"normalizer must be a DJNormalizer or None, got {type(normalizer).__name__}")
+    normalizer = normalizer if normalizer is not None else DJNormalizer()
+    tr = _teacher_replay()
+    if teachers is not None:
+        replay_kwargs["teachers"] = teachers
+    raw = await tr.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
+    pairs = tr.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold)
+    normalized = normalizer.normalize(pairs)
+    log.info("replaysim: %d teacher results, %d pairs, %d after normalisation", len(raw), len(pairs), len(normalized))
+    return raw, normalized
+
+
+def replay_and_normalize_trace_sync(
+    *args: Any, **kwargs: Any
+) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
+    """``asyncio.run(replay_and_normalize_trace(...))``; inside a running loop, await the async form.
+
+    Raises:
+        RuntimeError: called from a thread that already runs an event loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(replay_and_normalize_trace(*args, **kwargs))
+    raise RuntimeError(
+        "replay_and_normalize_trace_sync was called inside a running event loop; "
+        "use 'await replay_and_normalize_trace(...)' instead"
+    )

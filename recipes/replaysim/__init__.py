@@ -1,0 +1,1 @@
+"""The default normalization recipe (default.yaml) for composer_replication.replaysim."""

@@ -1,0 +1,338 @@
+"""DJNormalizer (native backend, default recipe, report) and the replay -> normalise pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.machinery
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from composer_replication import replaysim
+from composer_replication.replaysim import DJNormalizer, NormalizedDPOPair, RecipeError
+from composer_replication.replaysim import normalize as norm_mod
+
+
+def _pair(sid: str, chosen: str, rejected: str = "[TOOL_USE] name=Bash input={\"cmd\": \"ls\"}", n: int = 2):
+    return {"state_id": sid, "state_messages": [{"role": "user", "content": f"task {sid}"}],
+            "chosen": chosen, "rejected": rejected, "n_teachers_agreeing": n}
+
+
+def _recipe(tmp_path: Path, body) -> Path:
+    p = tmp_path / "r.yaml"
+    p.write_text(body if isinstance(body, str) else yaml.safe_dump(body), encoding="utf-8")
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# Default recipe
+# ------------------------------------------------------------------------------------------------
+def test_default_recipe_is_in_the_repo_and_loads():
+    repo = Path(norm_mod.__file__).resolve().parents[2]
+    assert DJNormalizer.DEFAULT_RECIPE == repo / "recipes" / "replaysim" / "default.yaml"
+    assert DJNormalizer.DEFAULT_RECIPE.is_file()
+    n = DJNormalizer()
+    assert [op.name for op in n.ops] == ["text_length_filter", "text_length_filter", "document_deduplicator"]
+    assert [op.text_key for op in n.ops] == ["chosen", "rejected", "text"]
+
+
+def test_default_recipe_drops_empty_long_and_duplicate_pairs():
+    n = DJNormalizer()
+    pairs = [
+        _pair("s0", "[TOOL_USE] name=Read input={\"path\": \"a.py\"}"),
+        _pair("s1", ""),                                   # empty chosen
+        _pair("s2", "ok", rejected="x" * 20001),           # rejected too long
+        _pair("s3", "[TOOL_USE] name=Read input={\"path\": \"a.py\"}"),  # duplicate of s0
+        _pair("s4", "[TOOL_USE] name=Read input={\"path\": \"A.py\"}"),  # differs by case: kept
+        _pair("s5", "x" * 20000),                          # exactly at the bound: kept
+    ]
+    out = n.normalize(pairs)
+    assert [p.state_id for p in out] == ["s0", "s4", "s5"]
+    assert all(isinstance(p, NormalizedDPOPair) for p in out)
+    assert out[0].chosen_messages == [{"role": "assistant", "content": pairs[0]["chosen"]}]
+    assert out[0].rejected_messages == [{"role": "assistant", "content": pairs[0]["rejected"]}]
+    assert out[0].state_messages == pairs[0]["state_messages"] and out[0].n_teachers_agreeing == 2
+    meta = out[1].metadata
+    assert meta["backend"] == "native" and meta["source_index"] == 4
+    assert [(o["op"], o["text_key"], o["backend"]) for o in meta["ops"]] == [
+        ("text_length_filter", "chosen", "native"), ("text_length_filter", "rejected", "native"),
+        ("document_deduplicator", "text", "native")]
+    rep = n.normalize_report()
+    assert rep is n.last_report and (rep.n_in, rep.n_out) == (6, 3)
+    why = {d.state_id: (d.op, d.reason) for d in rep.dropped}
+    assert why["s1"] == ("text_length_filter", "text_length_filter on chosen: len=0 outside [1, 20000]")
+    assert why["s2"] == ("text_length_filter", "text_length_filter on rejected: len=20001 outside [1, 20000]")
+    assert why["s3"][0] == "document_deduplicator" and "duplicate of pair #0 (s0)" in why["s3"][1]
+    assert [d.index for d in rep.dropped] == [1, 2, 3]
+
+
+def test_empty_input_and_skip():
+    assert DJNormalizer().normalize([]) == []
+    n = DJNormalizer("/nonexistent/recipe.yaml", skip_dj=True)  # skip reads no recipe
+    out = n.normalize([_pair("a", ""), _pair("a", "")])
+    assert len(out) == 2 and all(p.metadata == {"skipped": True} for p in out)
+    assert n.last_report.backend == "skipped" and n.last_report.dropped == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Operator semantics (data-juicer's)
+# ------------------------------------------------------------------------------------------------
+def _run(tmp_path, op: str, args: dict, texts: list[str], text_keys="chosen") -> list[str]:
+    n = DJNormalizer(_recipe(tmp_path, {"text_keys": text_keys, "process": [{op: args}]}))
+    return [p.chosen_messages[0]["content"] for p in n.normalize([_pair(str(i), t) for i, t in enumerate(texts)])]
+
+
+def test_text_length_filter_bounds_inclusive_and_defaults(tmp_path):
+    assert _run(tmp_path, "text_length_filter", {"min_len": 2, "max_len": 3}, ["a", "ab", "abc", "abcd"]) == ["ab", "abc"]
+    assert _run(tmp_path, "text_length_filter", {}, ["123456789", "1234567890"]) == ["1234567890"]  # min_len=10
+
+
+def test_words_num_filter_splits_and_strips_special_characters(tmp_path):
+    # words: "hello," "world!" "foo" "..." "123" -> stripped: hello world foo -> 3 words
+    text = "hello,  world!\n\tfoo ... 123"
+    assert _run(tmp_path, "words_num_filter", {"min_num": 3, "max_num": 3}, [text]) == [text]
+    assert _run(tmp_path, "words_num_filter", {"min_num": 4}, [text]) == []
+    # non-breaking space is not a separator for data-juicer: "a\u00a0b" is one word
+    assert _run(tmp_path, "words_num_filter", {"min_num": 2}, ["a\u00a0b", "a b"]) == ["a b"]
+
+
+def test_special_characters_filter_ratio(tmp_path):
+    from composer_replication.replaysim.ops import SPECIAL_CHARACTERS, op_stat
+
+    assert op_stat("special_characters_filter", "a1!b", {}) == 0.5
+    assert op_stat("special_characters_filter", "", {}) == 0.0
+    for c in ["\u3000", "\u2003", "…", "€", "😀", " ", "\n", "7", "{"]:
+        assert c in SPECIAL_CHARACTERS, repr(c)
+    for c in ["a", "Z", "é", "ж"]:
+        assert c not in SPECIAL_CHARACTERS, repr(c)
+    kept = _run(tmp_path, "special_characters_filter", {"min_ratio": 0.0, "max_ratio": 0.25}, ["abc!", "ab!!", "abcd"])
+    assert kept == ["abc!", "abcd"]
+
+
+def test_document_deduplicator_normalisation(tmp_path):
+    texts = ["Hello, World 1", "hello world", "hello world ", "HELLO WORLD"]
+    assert _run(tmp_path, "document_deduplicator", {}, texts) == ["Hello, World 1", "hello world", "HELLO WORLD"]
+    assert _run(tmp_path, "document_deduplicator", {"lowercase": True}, texts) == ["Hello, World 1", "hello world"]
+    assert _run(tmp_path, "document_deduplicator", {"lowercase": True, "ignore_non_character": True}, texts) == [
+        "Hello, World 1"]
+
+
+def test_text_keys_list_first_wins_and_text_key_override(tmp_path):
+    # text_keys list -> first ("rejected"); the op override reads "chosen".
+    r = {"text_keys": ["rejected", "chosen"],
+         "process": [{"text_length_filter": {"min_len": 3}}, {"text_length_filter": {"min_len": 2, "text_key": "chosen"}}]}
+    n = DJNormalizer(_recipe(tmp_path, r))
+    out = n.normalize([_pair("a", "ok", "no"), _pair("b", "ok", "nope"), _pair("c", "k", "nope")])
+    assert [p.state_id for p in out] == ["b"]
+    assert [(d.state_id, d.reason.split(":")[0]) for d in n.last_report.dropped] == [
+        ("a", "text_length_filter on rejected"), ("c", "text_length_filter on chosen")]
+
+
+def test_text_key_defaults_to_text_as_in_data_juicer(tmp_path):
+    n = DJNormalizer(_recipe(tmp_path, {"process": [{"text_length_filter": {"min_len": 6}}]}))
+    assert n.ops[0].text_key == "text"
+    out = n.normalize([_pair("a", "ab", "cd"), _pair("b", "abc", "de")])  # text = "ab\ncd" (5), "abc\nde" (6)
+    assert [p.state_id for p in out] == ["b"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------------
+def test_missing_recipe_names_the_path(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        DJNormalizer(missing)
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("- just\n- a list\n", "must be a YAML mapping"),
+        ("text_keys: chosen\n", "has no 'process' key"),
+        ("process: {text_length_filter: {}}\n", "'process' must be a list"),
+        ("process:\n  - text_length_filter: {}\n    document_deduplicator: {}\n", r"process\[0\] must be a mapping with exactly one"),
+        ("process:\n  - text_length_filter\n", r"process\[0\] must be a mapping with exactly one"),
+        ("process:\n  - text_length_filter: [1, 2]\n", r"arguments of process\[0\] \(text_length_filter\) must be a mapping"),
+        ("process:\n  - language_id_score_filter: {}\n", "unknown operator 'language_id_score_filter'"),
+        ("process:\n  - text_length_filter: {min_lenght: 3}\n", r"\(text_length_filter\): unknown argument\(s\) \['min_lenght'\]"),
+        ("process:\n  - text_length_filter: {min_len: '3'}\n", "argument min_len must be int, got '3'"),
+        ("process:\n  - text_length_filter: {min_len: true}\n", "argument min_len must be int"),
+        ("process:\n  - text_length_filter: {min_len: 5, max_len: 2}\n", "min_len=5 is greater than max_len=2"),
+        ("process:\n  - special_characters_filter: {max_ratio: -0.5}\n", "max_ratio must be >= 0"),
+        ("process:\n  - document_deduplicator: {lowercase: 'yes'}\n", "argument lowercase must be bool"),
+        ("process:\n  - words_num_filter: {tokenization: true}\n", "tokenization=True needs a sentencepiece"),
+        ("text_keys: 3\nprocess: []\n", "text_keys must be a non-empty string"),
+        ("process: [\n", "not valid YAML"),
+    ],
+)
+def test_malformed_recipes(tmp_path, body, match):
+    with pytest.raises(RecipeError, match=match):
+        DJNormalizer(_recipe(tmp_path, body))
+    assert issubclass(RecipeError, ValueError)
+
+
+def test_text_key_must_be_a_record_field(tmp_path):
+    with pytest.raises(ValueError, match=r"process\[0\] \(text_length_filter\) reads text_key 'prompt'"):
+        DJNormalizer(_recipe(tmp_path, {"process": [{"text_length_filter": {"text_key": "prompt"}}]}))
+
+
+def test_bad_backend_and_missing_data_juicer(monkeypatch):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        DJNormalizer(backend="spark")
+    monkeypatch.setattr(norm_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="pip install py-data-juicer"):
+        DJNormalizer(backend="data_juicer")
+
+
+@pytest.mark.parametrize(
+    ("pair", "exc", "match"),
+    [
+        ({"state_id": "a", "chosen": "x"}, ValueError, r"pairs\[0\] is missing key\(s\) \['state_messages', 'rejected'"),
+        ({**_pair("a", "x"), "chosen": None}, TypeError, r"pairs\[0\]\['chosen'\] must be str"),
+        ("not a pair", TypeError, r"pairs\[0\] must be a DPOPair mapping"),
+    ],
+)
+def test_bad_pairs(pair, exc, match):
+    with pytest.raises(exc, match=match):
+        DJNormalizer().normalize([pair])
+
+
+# ------------------------------------------------------------------------------------------------
+# data-juicer backend plumbing (a stand-in data_juicer module: the real one is not installed here)
+# ------------------------------------------------------------------------------------------------
+def test_data_juicer_backend_plumbing(monkeypatch, tmp_path):
+    seen = {}
+
+    def init_configs(args):
+        cfg = yaml.safe_load(Path(args[1]).read_text())
+        seen["cfg"] = cfg
+        return cfg
+
+    class DefaultExecutor:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def run(self):
+            rows = [json.loads(line) for line in Path(self.cfg["dataset_path"]).read_text().splitlines()]
+            out = Path(self.cfg["export_path"])
+            out.parent.mkdir(parents=True)
+            out.write_text("".join(json.dumps(r) + "\n" for r in rows if len(r["chosen"]) >= 3))
+
+    dj = types.ModuleType("data_juicer")
+    dj.__spec__ = importlib.machinery.ModuleSpec("data_juicer", None)
+    dj.config = types.SimpleNamespace(init_configs=init_configs)
+    dj.core = types.SimpleNamespace(DefaultExecutor=DefaultExecutor)
+    monkeypatch.setitem(sys.modules, "data_juicer", dj)
+    monkeypatch.setitem(sys.modules, "data_juicer.config", dj.config)
+    monkeypatch.setitem(sys.modules, "data_juicer.core", dj.core)
+    # An operator the native backend lacks is fine here: data-juicer validates its own operators.
+    recipe = _recipe(tmp_path, {"text_keys": "chosen", "process": [{"language_id_score_filter": {"lang": "en"}}]})
+    n = DJNormalizer(recipe, backend="data_juicer")
+    out = n.normalize([_pair("a", "abc"), _pair("b", "x"), _pair("c", "abcd")])
+    assert [p.state_id for p in out] == ["a", "c"]
+    assert out[0].metadata["backend"] == "data_juicer"
+    assert out[0].metadata["ops"] == [{"op": "language_id_score_filter", "backend": "data_juicer"}]
+    assert seen["cfg"]["process"] == [{"language_id_score_filter": {"lang": "en"}}] and seen["cfg"]["np"] == 1
+    assert [(d.state_id, d.op) for d in n.last_report.dropped] == [("b", "data_juicer")]
+
+
+# ------------------------------------------------------------------------------------------------
+# replay -> extract -> normalise
+# ------------------------------------------------------------------------------------------------
+def _fake_teacher_replay(calls: dict):
+    async def replay_trace(states, teachers=("default",), max_total_usd=5.0, api_key=None):
+        calls["replay"] = {"states": states, "teachers": teachers, "max_total_usd": max_total_usd, "api_key": api_key}
+        return [{"state_id": s["state_id"], "teacher_slug": t, "response_text": "[TOOL_USE] name=Read input={}",
+                 "latency_s": 0.0, "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0, "error": None}
+                for s in states for t in ("t1", "t2")]
+
+    def extract_dpo_pairs(states, teacher_actions, agreement_threshold=2):
+        calls["extract"] = {"n": len(teacher_actions), "agreement_threshold": agreement_threshold}
+        return [_pair(s["state_id"], "[TOOL_USE] name=Read input={}", s["student_action"]) for s in states]
+
+    return types.SimpleNamespace(replay_trace=replay_trace, extract_dpo_pairs=extract_dpo_pairs)
+
+
+STATES = [{"state_id": "t::0000", "messages": [{"role": "user", "content": "go"}], "student_action": "ls"},
+          {"state_id": "t::0001", "messages": [{"role": "user", "content": "go"}], "student_action": ""}]
+
+
+def test_replay_and_normalize_trace_forwards_and_normalises(monkeypatch):
+    calls: dict = {}
+    monkeypatch.setattr(norm_mod, "_teacher_replay", lambda: _fake_teacher_replay(calls))
+    raw, pairs = asyncio.run(replaysim.replay_and_normalize_trace(
+        states=STATES, agreement_threshold=3, max_total_usd=1.5, api_key="k"))
+    assert len(raw) == 4 and calls["extract"] == {"n": 4, "agreement_threshold": 3}
+    assert calls["replay"]["teachers"] == ("default",)  # teachers=None -> replay_trace's default
+    assert calls["replay"]["max_total_usd"] == 1.5 and calls["replay"]["api_key"] == "k"
+    assert [p.state_id for p in pairs] == ["t::0000"]  # empty student action dropped by the default recipe
+    assert pairs[0].metadata["backend"] == "native"
+
+
+def test_replay_sync_wrapper_and_explicit_normalizer(monkeypatch):
+    calls: dict = {}
+    monkeypatch.setattr(norm_mod, "_teacher_replay", lambda: _fake_teacher_replay(calls))
+    teachers = [{"slug": "local:tiny", "input_per_mtok": 0.0, "output_per_mtok": 0.0}]
+    raw, pairs = replaysim.replay_and_normalize_trace_sync(
+        states=STATES, teachers=teachers, normalizer=DJNormalizer(skip_dj=True))
+    assert calls["replay"]["teachers"] == teachers
+    assert len(pairs) == 2 and all(p.metadata == {"skipped": True} for p in pairs)
+    with pytest.raises(TypeError, match="normalizer must be a DJNormalizer"):
+        replaysim.replay_and_normalize_trace_sync(states=STATES, normalizer=object())
+
+
+def test_sync_wrapper_refuses_a_running_loop():
+    async def inner():
+        replaysim.replay_and_normalize_trace_sync(states=STATES)
+
+    with pytest.raises(RuntimeError, match="await replay_and_normalize_trace"):
+        asyncio.run(inner())
+
+
+def test_reexports():
+    from composer_replication import types as t
+
+    assert replaysim.DPOPair is t.DPOPair and replaysim.TeacherCallResult is t.TeacherCallResult
+    with pytest.raises(AttributeError):
+        replaysim.not_a_name  # noqa: B018
+    try:
+        tr = importlib.import_module("composer_replication.teacher_replay")
+        fns = (tr.replay_trace, tr.extract_dpo_pairs)
+    except (ImportError, AttributeError):
+        pytest.skip("composer_replication.teacher_replay is not complete yet")
+    assert (replaysim.replay_trace, replaysim.extract_dpo_pairs) == fns
+
+
+def test_end_to_end_with_the_real_teacher_replay():
+    """The real replay_trace/extract_dpo_pairs over an in-process OpenAI-compatible transport."""
+    httpx = pytest.importorskip("httpx")
+    try:
+        importlib.import_module("composer_replication.teacher_replay").replay_trace  # noqa: B018
+    except (ImportError, AttributeError):
+        pytest.skip("composer_replication.teacher_replay is not complete yet")
+    action = '[TOOL_USE] name=Bash input={"cmd": "ls"}'
+
+    def handler(request):
+        body = json.loads(request.content)
+        return httpx.Response(200, json={
+            "id": "x", "object": "chat.completion", "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": action}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+
+    states = [{"state_id": "t::0000", "messages": [{"role": "user", "content": "list files"}], "student_action": "No."},
+              {"state_id": "t::0001", "messages": [{"role": "user", "content": "again"}], "student_action": action},
+              {"state_id": "t::0002", "messages": [{"role": "user", "content": "list files"}], "student_action": "No."}]
+    teachers = [{"slug": "a/m1", "input_per_mtok": 1.0, "output_per_mtok": 1.0},
+                {"slug": "b/m2", "input_per_mtok": 1.0, "output_per_mtok": 1.0}]
+    raw, pairs = asyncio.run(replaysim.replay_and_normalize_trace(
+        states=states, teachers=teachers, api_key="sk-test", http_client=httpx.MockTransport(handler)))
+    assert len(raw) == 6 and all(r["error"] is None for r in raw)
+    # t::0001 agrees with the teachers (no pair); t::0002 duplicates t::0000's (chosen, rejected)
+    assert [p.state_id for p in pairs] == ["t::0000"]
+    assert pairs[0].chosen_messages == [{"role": "assistant", "content": action}]
+    assert pairs[0].n_teachers_agreeing == 2
