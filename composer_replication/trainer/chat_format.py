@@ -1,0 +1,183 @@
+"""Chat formatting shared by the collator and the rollouts: prompts, responses, hinted teachers.
+
+One rule everywhere (the batch contract): a *prompt* is the tokenizer's chat template of the
+messages with the generation prompt; a *response* is the action text's tokens followed by the
+end-of-turn token (``<|im_end|>`` for ChatML). So ``prompt + response`` equals the template's own
+rendering of ``messages + [assistant]`` up to the template's trailing newline. Assistant tool calls
+become action text (``[TOOL_USE] name=NAME input={json}``, ``composer_replication.actions``), never
+the template's structured ``tool_calls``, so student, teachers and rollouts share one textual form.
+
+``composer_replication.trainer.data_collator`` re-exports every public name here; rollouts import
+:func:`build_prompt_ids`, :func:`build_response_ids` and :func:`build_hinted_teacher_sequence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from composer_replication.actions import TOOL_USE_PREFIX, format_tool_use
+
+__all__ = [
+    "ROLES",
+    "TokenizerLike",
+    "to_chat_messages",
+    "end_of_turn_id",
+    "encode_text",
+    "render_chat_text",
+    "build_prompt_ids",
+    "build_response_ids",
+    "build_hinted_teacher_sequence",
+]
+
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles a turn or message may have."""
+
+
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """What the collator needs from a tokenizer (a Hugging Face tokenizer qualifies)."""
+
+    pad_token_id: int | None
+
+    def __call__(self, text: str | list[str], **kwargs: Any) -> Any: ...
+
+    def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> Any: ...
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (OpenAI content parts are joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict))
+        ]
+        return "\n".join(p for p in parts if p)
+    raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def _tool_call_text(call: Any) -> str:
+    """One tool call (TraceTurn / OpenAI / Anthropic shape) as ``[TOOL_USE] name=... input=...``."""
+    fn = (
+        call.get("function")
+        if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping)
+        else call
+    )
+    if not isinstance(fn, Mapping) or not fn.get("name"):
+        raise ValueError(f"tool call must be a dict with a 'name' (or 'function': {{'name'}}), got {call!r}")
+    args = fn.get("arguments", fn.get("input", {}))
+    return format_tool_use(str(fn["name"]), args)
+
+
+def to_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Normalize turns or OpenAI-style messages to ``{"role", "content"}`` for the chat template.
+
+    Assistant ``tool_calls`` (a list) and ``tool_call`` (one) become action-text lines appended to
+    the content (skipped when the content already has a ``[TOOL_USE]`` line for that tool name);
+    content parts are joined; other keys are dropped. Idempotent on its own output.
+
+    Raises:
+        ValueError: a message is not a dict, has a role outside :data:`ROLES`, or a malformed tool call.
+    """
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ValueError(
+                f"message {i} has role {role!r}; expected one of {ROLES} (map other roles, e.g. "
+                "'developer' -> 'system', before collating)"
+            )
+        content = _text(m.get("content"))
+        if role == "assistant":
+            calls = list(m.get("tool_calls") or []) + ([m["tool_call"]] if m.get("tool_call") else [])
+            lines = [content] if content.strip() else []
+            for call in calls:
+                line = _tool_call_text(call)
+                name = line[len(TOOL_USE_PREFIX) :].split(" input=", 1)[0]
+                if f"{TOOL_USE_PREFIX}{name} " not in content:
+                    lines.append(line)
+            content = "\n".join(lines)
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _as_ids(out: Any) -> list[int]:
+    """Token ids from a list, a tensor, or a tokenizer output dict (transformers 5 returns dicts)."""
+    if isinstance(out, Mapping) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):  # a batch of one
+        out = out[0]
+    return [int(t) for t in out]
+
+
+def encode_text(tokenizer: TokenizerLike, text: str) -> list[int]:
+    """``text``'s token ids with no special tokens added (``[]`` for empty text)."""
+    return _as_ids(tokenizer(text, add_special_tokens=False)) if text else []
+
+
+def render_chat_text(tokenizer: TokenizerLike, messages: list[dict], generation_prompt: bool) -> str:
+    """The chat template's text for already-normalized ``messages`` (see :func:`to_chat_messages`)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+
+
+def end_of_turn_id(tokenizer: TokenizerLike) -> int:
+    """The end-of-turn token: ``<|im_end|>`` when the vocabulary has it, else ``eos_token_id``.
+
+    Raises:
+        ValueError: the tokenizer has neither.
+    """
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is not None:
+        tid = convert("<|im_end|>")
+        if isinstance(tid, int) and tid >= 0 and tid != getattr(tokenizer, "unk_token_id", None):
+            return tid
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        return eos
+    raise ValueError("tokenizer has no '<|im_end|>' token and no eos_token_id: cannot end a response")
+
+
+def build_prompt_ids(tokenizer: TokenizerLike, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """``apply_chat_template(messages, add_generation_prompt=True)`` as token ids.
+
+    ``messages`` are normalized first (:func:`to_chat_messages`: tool calls -> action text).
+    """
+    chat = to_chat_messages(messages)
+    out = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return _as_ids(out)
+
+
+def build_response_ids(tokenizer: TokenizerLike, text: str) -> list[int]:
+    """The response ``text``'s tokens (no special tokens added) followed by the end-of-turn token.
+
+    ``build_prompt_ids(tok, msgs) + build_response_ids(tok, text)`` equals the chat template of
+    ``msgs + [{"role": "assistant", "content": text}]`` up to the template's trailing newline.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"response text must be a string, got {type(text).__name__}")
+    return encode_text(tokenizer, text) + [end_of_turn_id(tokenizer)]
+
+
+def build_hinted_teacher_sequence(
+    tokenizer: TokenizerLike, history: list[dict], hint: str, response_ids: list[int]
+) -> tuple[list[int], int]:
+    """The channel-2 teacher sequence: ``prompt(history + [hint as user]) + response_ids``.
+
+    Returns ``(teacher_ids, response_start)``: ``teacher_ids[response_start:] == response_ids``.
+
+    Raises:
+        ValueError: ``hint`` is empty or ``response_ids`` is empty.
+    """
+    if not isinstance(hint, str) or not hint.strip():
+        raise ValueError(f"hint must be a non-empty string, got {hint!r}")
+    if not response_ids:
+        raise ValueError("response_ids is empty: the teacher needs the student's response tokens")
+    prompt = build_prompt_ids(tokenizer, [*history, {"role": "user", "content": hint}])
+    return prompt + [int(t) for t in response_ids], len(prompt)

@@ -1,0 +1,502 @@
+"""ComposerDataCollator: agentic traces -> one training batch for the three channels.
+
+The batch keys follow the project's batch contract (``docs/collator.md``):
+
+- channel 1 (policy): ``input_ids``, ``attention_mask``, ``response_mask`` (the assistant tokens:
+  each assistant turn's text tokens plus its end-of-turn token, never the role header), ``rewards``,
+  and ``group_ids`` when examples share a prompt;
+- channel 2 (self-distillation at error sites, SDPO): ``ctx_teacher_input_ids``,
+  ``ctx_teacher_attention_mask``, ``sdpo_loss_mask``, ``sdpo_student_index``, ``sdpo_teacher_index``;
+- channel 3 (trace-replay DPO): ``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``.
+
+Chat formatting lives in :mod:`composer_replication.trainer.chat_format` and is re-exported here
+(``build_prompt_ids``, ``build_response_ids``, ``build_hinted_teacher_sequence``, ...): a prompt is
+the chat template with the generation prompt, a response is the action text's tokens plus the
+end-of-turn token, and assistant tool calls are rendered as action text
+(``[TOOL_USE] name=NAME input={json}``) so student, teachers and rollouts share one textual form.
+
+A student row renders the whole conversation turn by turn: for each assistant turn, the template
+text of the history before it (only the part not yet rendered) and then that turn's response ids
+(:func:`build_response_ids`); turns after the last assistant turn are dropped. Each assistant turn's
+response therefore appears in the row as exactly the ids :func:`build_response_ids` gives, which is
+what channel 2 copies into the teacher row.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import torch
+
+from composer_replication.actions import parse_action
+from composer_replication.trainer.chat_format import (
+    ROLES,
+    TokenizerLike,
+    build_hinted_teacher_sequence,
+    build_prompt_ids,
+    build_response_ids,
+    encode_text,
+    end_of_turn_id,
+    render_chat_text,
+    to_chat_messages,
+)
+
+__all__ = [
+    "TraceTurn",
+    "TraceExample",
+    "TokenizerLike",
+    "CollatorConfig",
+    "CollatorStats",
+    "ComposerDataCollator",
+    "ROLES",
+    "to_chat_messages",
+    "end_of_turn_id",
+    "build_prompt_ids",
+    "build_response_ids",
+    "build_hinted_teacher_sequence",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TraceTurn(TypedDict, total=False):
+    """One turn of an agentic trace.
+
+    Attributes:
+        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
+        content: the text (for an assistant turn: action text, see ``composer_replication.actions``).
+        tool_call: an assistant turn's tool call, ``{"name", "arguments"}`` (dict or JSON string),
+            OpenAI ``{"function": {...}}`` or ``{"name", "input"}``; appended to ``content`` as
+            ``[TOOL_USE] name=... input=...`` unless ``content`` already has a ``[TOOL_USE]`` line
+            for that tool name.
+        tool_error: the error kind of a failed tool call (``json_decode``, ...). On an assistant turn
+            it marks that turn as an error site; on a tool turn it marks the closest assistant turn
+            before it.
+        error_meta: the ``hint_generator.HintContext`` of the error (marks an error site like
+            ``tool_error``); its ``error_kind`` wins over ``tool_error``.
+    """
+
+    role: str
+    content: str
+    tool_call: dict | None
+    tool_error: str | None
+    error_meta: dict
+
+
+class TraceExample(TypedDict, total=False):
+    """One training example: turns, a scalar reward and optional DPO pairs (``types.DPOPair`` dicts).
+
+    ``group_id`` (any hashable, optional) puts examples that share a prompt in one GRPO group.
+    """
+
+    trace_id: str
+    turns: list[TraceTurn]
+    final_reward: float
+    dpo_pairs: list[dict] | None
+    group_id: Any
+
+
+# ---------------------------------------------------------------------------- config and stats
+
+
+@dataclass(kw_only=True)
+class CollatorConfig:
+    """Tunables for :class:`ComposerDataCollator` (the spec's fields plus padding and grouping)."""
+
+    max_seq_len: int = 4096
+    """Cap for student and teacher rows; history is dropped from the left, responses kept whole."""
+    max_dpo_seq_len: int = 2048
+    """Cap for DPO chosen/rejected rows; the shared prompt is cut from the left by the same amount."""
+    pad_token_id: int | None = None
+    """Padding id; ``None`` takes the tokenizer's ``pad_token_id`` (else its ``eos_token_id``)."""
+    padding_side: str | None = None
+    """``"left"`` or ``"right"``; ``None`` takes the tokenizer's ``padding_side`` (else right)."""
+    ignore_index: int = -100
+    """Kept for the spec; the batch uses 0/1 masks (batch contract), so nothing is filled with it."""
+    enable_sdpo: bool = True
+    """Emit channel-2 keys (also needs ``hint_generator`` and at least one hinted error site)."""
+    hint_generator: Callable[[str, dict], str | None] | None = None
+    """``(error_kind, error_meta) -> hint | None``, e.g. ``hint_generator.make_hint_generator()``."""
+    enable_replay_dpo: bool = True
+    """Emit channel-3 keys (when the batch carries at least one ``dpo_pairs`` entry)."""
+    rlvr_reward_key: str = "final_reward"
+    """Example key holding the scalar reward (0.0 when the key is absent)."""
+    group_key: str = "group_id"
+    """Example key naming a GRPO group; examples without it are grouped by identical prompt ids."""
+    response_turns: str = "all"
+    """``"all"``: every assistant turn is in ``response_mask``; ``"last"``: only the final one
+    (recommended for trace states, whose history turns recur in many states)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_len", "max_dpo_seq_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 2:
+                raise ValueError(f"CollatorConfig.{name} must be an int >= 2, got {getattr(self, name)!r}")
+        if self.pad_token_id is not None and (
+            not isinstance(self.pad_token_id, int) or self.pad_token_id < 0
+        ):
+            raise ValueError(
+                f"CollatorConfig.pad_token_id must be None or an int >= 0, got {self.pad_token_id!r}"
+            )
+        if self.padding_side not in (None, "left", "right"):
+            raise ValueError(
+                f"CollatorConfig.padding_side must be None, 'left' or 'right', got {self.padding_side!r}"
+            )
+        if self.hint_generator is not None and not callable(self.hint_generator):
+            raise ValueError(
+                f"CollatorConfig.hint_generator must be callable or None, got {self.hint_generator!r}"
+            )
+        if self.response_turns not in ("all", "last"):
+            raise ValueError(
+                f"CollatorConfig.response_turns must be 'all' or 'last', got {self.response_turns!r}"
+            )
+        if not self.rlvr_reward_key or not self.group_key:
+            raise ValueError("CollatorConfig.rlvr_reward_key and group_key must be non-empty strings")
+
+
+@dataclass
+class CollatorStats:
+    """Counters a collator accumulates over its calls."""
+
+    examples: int = 0
+    """Examples collated."""
+    truncated_policy: int = 0
+    """Student rows cut from the left to fit ``max_seq_len``."""
+    truncated_sdpo: int = 0
+    """Teacher rows cut from the left to fit ``max_seq_len``."""
+    truncated_dpo: int = 0
+    """DPO pairs whose prompt was cut from the left to fit ``max_dpo_seq_len``."""
+    sdpo_sites: int = 0
+    """Error sites found (before hints)."""
+    sdpo_sites_without_hint: int = 0
+    """Error sites for which the hint generator returned ``None`` (no teacher row)."""
+    sdpo_sites_dropped: int = 0
+    """Error sites dropped because truncation cut their response out of the student row."""
+
+
+# ---------------------------------------------------------------------------- the collator
+
+
+@dataclass
+class _StudentRow:
+    """A student row: ids, response mask, ``{assistant turn: (start, end)}`` spans (after truncation)."""
+
+    ids: list[int]
+    mask: list[int]
+    spans: dict[int, tuple[int, int]]
+    prompt_key: tuple[int, ...]
+
+
+@dataclass
+class _TeacherRow:
+    ids: list[int]
+    start: int
+    student_row: int
+    student_start: int
+
+
+@dataclass
+class ComposerDataCollator:
+    """Build trainer-ready batches (channels 1-3) from :class:`TraceExample` dicts.
+
+    Example::
+
+        collator = ComposerDataCollator(tokenizer=tok, config=CollatorConfig(
+            hint_generator=make_hint_generator()))
+        batch = collator([{"turns": [{"role": "user", "content": "hi"},
+                                     {"role": "assistant", "content": "hello"}], "final_reward": 1.0}])
+        batch["input_ids"].shape  # [B, T]
+
+    Raises (from ``__call__``): ``ValueError`` for an empty batch, an example without an assistant
+    turn, an unknown role, a response longer than the cap, or a malformed DPO pair.
+    """
+
+    tokenizer: TokenizerLike
+    config: CollatorConfig = field(default_factory=CollatorConfig)
+    stats: CollatorStats = field(default_factory=CollatorStats, init=False)
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.tokenizer, "apply_chat_template", None)):
+            raise ValueError(
+                f"tokenizer must provide apply_chat_template, got {type(self.tokenizer).__name__}"
+            )
+        self._eot = end_of_turn_id(self.tokenizer)
+        self._eot_text = self.tokenizer.decode([self._eot])
+        pad = self.config.pad_token_id
+        for candidate in (
+            getattr(self.tokenizer, "pad_token_id", None),
+            getattr(self.tokenizer, "eos_token_id", None),
+        ):
+            pad = candidate if pad is None else pad
+        if pad is None:
+            raise ValueError(
+                "no pad id: the tokenizer has no pad_token_id/eos_token_id; set CollatorConfig.pad_token_id"
+            )
+        self._pad_id = int(pad)
+        side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
+        if side not in ("left", "right"):
+            raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {side!r}")
+        self._side = side
+
+    # ------------------------------------------------------------------ entry point
+
+    def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
+        """Collate ``batch`` into the contract's tensors (see the module docstring for the keys)."""
+        if isinstance(batch, Mapping) or not isinstance(batch, Sequence) or len(batch) == 0:
+            raise ValueError(f"batch must be a non-empty list of TraceExample dicts, got {batch!r:.80}")
+        cfg = self.config
+        rows: list[_StudentRow] = []
+        teachers: list[_TeacherRow] = []
+        pairs: list[tuple[list[int], list[int], list[int], list[int]]] = []
+        for b, ex in enumerate(batch):
+            try:
+                msgs, turns = self._messages(ex)
+                rows.append(self._student_row(msgs))
+                if cfg.enable_sdpo and cfg.hint_generator is not None:
+                    teachers += self._teacher_rows(b, turns, msgs, rows[-1])
+                if cfg.enable_replay_dpo:
+                    pairs += [self._dpo_pair(k, p) for k, p in enumerate(ex.get("dpo_pairs") or [])]
+            except ValueError as e:
+                tid = ex.get("trace_id") if isinstance(ex, Mapping) else None
+                raise ValueError(f"example {b} (trace_id={tid!r}): {e}") from e
+        self.stats.examples += len(batch)
+        out, offsets = self._channel1(batch, rows)
+        if teachers:
+            out.update(self._channel2(teachers, offsets))
+        if pairs:
+            out.update(self._channel3(pairs))
+        return out
+
+    # ------------------------------------------------------------------ channel 1
+
+    def _messages(self, ex: Any) -> tuple[list[dict[str, str]], list[Mapping[str, Any]]]:
+        if not isinstance(ex, Mapping):
+            raise ValueError(f"an example must be a dict with 'turns', got {type(ex).__name__}")
+        turns = ex.get("turns")
+        if not isinstance(turns, list) or not turns:
+            raise ValueError(f"'turns' must be a non-empty list of TraceTurn dicts, got {turns!r:.80}")
+        return to_chat_messages(turns), turns
+
+    def _student_row(self, msgs: list[dict[str, str]]) -> _StudentRow:
+        tok = self.tokenizer
+        asst = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if not asst:
+            raise ValueError("has no assistant turn: channel 1 needs at least one assistant response")
+        if asst[0] == 0:
+            raise ValueError(
+                "turn 0 is an assistant turn: put a system or user turn before the first assistant turn"
+            )
+        ids: list[int] = []
+        spans: dict[int, tuple[int, int]] = {}
+        consumed = ""
+        for i in asst:
+            text = render_chat_text(tok, msgs[:i], True)
+            if not text.startswith(consumed):
+                raise ValueError(
+                    f"the chat template rewrites the history before turn {i} (its rendering is not an extension "
+                    "of the earlier turns'); use a prefix-stable template such as ChatML"
+                )
+            ids += encode_text(tok, text[len(consumed) :])
+            resp = build_response_ids(tok, msgs[i]["content"])
+            spans[i] = (len(ids), len(ids) + len(resp))
+            ids += resp
+            consumed = text + msgs[i]["content"] + self._eot_text
+        last_start, last_end = spans[asst[-1]]
+        prompt_key = tuple(ids[:last_start])
+        cap = self.config.max_seq_len
+        if last_end - last_start >= cap:
+            raise ValueError(
+                f"the last assistant response has {last_end - last_start} tokens but max_seq_len={cap} must "
+                "exceed it (response + at least one context token); raise max_seq_len or drop the example"
+            )
+        cut = max(0, len(ids) - cap)
+        if cut:
+            self.stats.truncated_policy += 1
+            log.debug("collator: student row cut by %d tokens to max_seq_len=%d", cut, cap)
+            ids = ids[cut:]
+            spans = {i: (s - cut, e - cut) for i, (s, e) in spans.items()}
+        mask = [0] * len(ids)
+        for i in asst if self.config.response_turns == "all" else asst[-1:]:
+            s, e = spans[i]
+            mask[max(s, 0) : max(e, 0)] = [1] * (max(e, 0) - max(s, 0))
+        return _StudentRow(ids=ids, mask=mask, spans=spans, prompt_key=prompt_key)
+
+    def _reward(self, ex: Mapping[str, Any]) -> float:
+        value = ex.get(self.config.rlvr_reward_key)
+        if value is None:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"reward {self.config.rlvr_reward_key!r} must be a finite number, got {value!r}")
+        return float(value)
+
+    def _group_ids(self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]) -> torch.Tensor | None:
+        key_name = self.config.group_key
+        explicit = any(ex.get(key_name) is not None for ex in batch)
+        keys = []
+        for b, (ex, row) in enumerate(zip(batch, rows)):
+            gid = ex.get(key_name)
+            try:
+                keys.append(("group", gid) if gid is not None else ("prompt", row.prompt_key))
+                hash(keys[-1])
+            except TypeError as e:
+                raise ValueError(f"example {b}: {key_name!r} must be hashable, got {gid!r}") from e
+        if not explicit and len(set(keys)) == len(keys):
+            return None
+        index: dict[Any, int] = {}
+        return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
+
+    def _channel1(
+        self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]
+    ) -> tuple[dict[str, torch.Tensor], list[int]]:
+        rewards = []
+        for b, ex in enumerate(batch):
+            try:
+                rewards.append(self._reward(ex))
+            except ValueError as e:
+                raise ValueError(f"example {b}: {e}") from e
+        ids, offsets = self._pad([r.ids for r in rows], self._pad_id)
+        out = {
+            "input_ids": ids,
+            "attention_mask": self._pad([[1] * len(r.ids) for r in rows], 0)[0],
+            "response_mask": self._pad([r.mask for r in rows], 0)[0],
+            "rewards": torch.tensor(rewards, dtype=torch.float32),
+        }
+        group_ids = self._group_ids(batch, rows)
+        if group_ids is not None:
+            out["group_ids"] = group_ids
+        return out, offsets
+
+    # ------------------------------------------------------------------ channel 2
+
+    def _error_sites(self, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]]) -> dict[int, dict]:
+        """``{assistant turn index: hint context}`` for every marked error (see :class:`TraceTurn`)."""
+        sites: dict[int, dict] = {}
+        for j, turn in enumerate(turns):
+            err, meta = turn.get("tool_error"), turn.get("error_meta")
+            if not err and not meta:
+                continue
+            if meta is not None and not isinstance(meta, Mapping):
+                raise ValueError(
+                    f"turn {j}: error_meta must be a dict (a HintContext), got {type(meta).__name__}"
+                )
+            role = msgs[j]["role"]
+            if role == "tool":
+                site = max((i for i in range(j) if msgs[i]["role"] == "assistant"), default=None)
+                if site is None:
+                    raise ValueError(f"turn {j} (tool) carries an error but no assistant turn precedes it")
+            elif role == "assistant":
+                site = j
+            else:
+                raise ValueError(
+                    f"turn {j} has role {role!r} but carries tool_error/error_meta; mark the assistant turn "
+                    "whose tool call failed, or its tool result"
+                )
+            ctx = dict(meta or {})
+            if err and ctx.get("error_kind") and err != ctx["error_kind"]:
+                ctx.setdefault("error_message", str(err))
+            ctx["error_kind"] = ctx.get("error_kind") or (str(err) if err else "other")
+            for k, v in ctx.items():
+                sites.setdefault(site, {}).setdefault(k, v)
+        for site, ctx in sites.items():
+            if not ctx.get("tool_name"):
+                calls = [blk.name for blk in parse_action(msgs[site]["content"]) if blk.kind == "tool_use"]
+                if calls:
+                    ctx["tool_name"] = calls[0]
+        return sites
+
+    def _teacher_rows(
+        self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]], row: _StudentRow
+    ) -> list[_TeacherRow]:
+        out: list[_TeacherRow] = []
+        cap = self.config.max_seq_len
+        generate = self.config.hint_generator
+        assert generate is not None
+        for site, ctx in sorted(self._error_sites(turns, msgs).items()):
+            self.stats.sdpo_sites += 1
+            hint = generate(ctx["error_kind"], dict(ctx))
+            if hint is None or not str(hint).strip():
+                self.stats.sdpo_sites_without_hint += 1
+                continue
+            s, e = row.spans[site]
+            if s < 1:  # truncation cut (part of) this response out of the student row
+                self.stats.sdpo_sites_dropped += 1
+                continue
+            ids, start = build_hinted_teacher_sequence(self.tokenizer, msgs[:site], str(hint), row.ids[s:e])
+            cut = max(0, len(ids) - cap)  # len(response) < cap, so the response survives whole
+            if cut:
+                self.stats.truncated_sdpo += 1
+                ids, start = ids[cut:], start - cut
+            out.append(_TeacherRow(ids=ids, start=start, student_row=b, student_start=s))
+        return out
+
+    def _channel2(self, teachers: list[_TeacherRow], student_offsets: list[int]) -> dict[str, torch.Tensor]:
+        ids, offsets = self._pad([t.ids for t in teachers], self._pad_id)
+        masks = [[0] * t.start + [1] * (len(t.ids) - t.start) for t in teachers]
+        s_index, t_index = [], []
+        for j, t in enumerate(teachers):
+            for k in range(len(t.ids) - t.start):
+                s_index.append((t.student_row, student_offsets[t.student_row] + t.student_start + k))
+                t_index.append((j, offsets[j] + t.start + k))
+        return {
+            "ctx_teacher_input_ids": ids,
+            "ctx_teacher_attention_mask": self._pad([[1] * len(t.ids) for t in teachers], 0)[0],
+            "sdpo_loss_mask": self._pad(masks, 0)[0],
+            "sdpo_student_index": torch.tensor(s_index, dtype=torch.long).reshape(-1, 2),
+            "sdpo_teacher_index": torch.tensor(t_index, dtype=torch.long).reshape(-1, 2),
+        }
+
+    # ------------------------------------------------------------------ channel 3
+
+    def _dpo_pair(self, k: int, pair: Any) -> tuple[list[int], list[int], list[int], list[int]]:
+        if not isinstance(pair, Mapping) or not isinstance(pair.get("state_messages"), list):
+            raise ValueError(
+                f"dpo_pairs[{k}] must be a DPOPair dict with a 'state_messages' list, got {pair!r:.80}"
+            )
+        for key in ("chosen", "rejected"):
+            if not isinstance(pair.get(key), str):
+                raise ValueError(f"dpo_pairs[{k}][{key!r}] must be a string, got {pair.get(key)!r:.80}")
+        prompt = build_prompt_ids(self.tokenizer, pair["state_messages"])
+        chosen = build_response_ids(self.tokenizer, pair["chosen"])
+        rejected = build_response_ids(self.tokenizer, pair["rejected"])
+        cap, longest = self.config.max_dpo_seq_len, max(len(chosen), len(rejected))
+        if longest >= cap:
+            raise ValueError(
+                f"dpo_pairs[{k}]: a response has {longest} tokens but max_dpo_seq_len={cap} must exceed it; "
+                "raise max_dpo_seq_len or drop the pair"
+            )
+        if len(prompt) + longest > cap:  # cut the shared prompt by the same amount for both sides
+            self.stats.truncated_dpo += 1
+            prompt = prompt[len(prompt) + longest - cap :]
+        return (
+            prompt + chosen,
+            [0] * len(prompt) + [1] * len(chosen),
+            prompt + rejected,
+            [0] * len(prompt) + [1] * len(rejected),
+        )
+
+    def _channel3(
+        self, pairs: list[tuple[list[int], list[int], list[int], list[int]]]
+    ) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for side, (i_ids, i_mask) in (("chosen", (0, 1)), ("rejected", (2, 3))):
+            out[f"dpo_{side}_input_ids"] = self._pad([p[i_ids] for p in pairs], self._pad_id)[0]
+            out[f"dpo_{side}_attention_mask"] = self._pad([[1] * len(p[i_ids]) for p in pairs], 0)[0]
+            out[f"dpo_{side}_response_mask"] = self._pad([p[i_mask] for p in pairs], 0)[0]
+        return out
+
+    # ------------------------------------------------------------------ padding
+
+    def _pad(self, seqs: list[list[int]], fill: int) -> tuple[torch.Tensor, list[int]]:
+        """``[N, T]`` long tensor of ``seqs`` padded on the configured side, and each row's left offset."""
+        width = max(len(s) for s in seqs)
+        out = torch.full((len(seqs), width), fill, dtype=torch.long)
+        offsets = []
+        for i, s in enumerate(seqs):
+            off = width - len(s) if self._side == "left" else 0
+            out[i, off : off + len(s)] = torch.tensor(s, dtype=torch.long)
+            offsets.append(off)
+        return out, offsets

@@ -1,0 +1,54 @@
+"""Imports flow one way: recipes -> meshes -> composer_replication. The core never imports Monarch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import composer_replication
+
+CORE = Path(composer_replication.__file__).resolve().parent
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_core_sources_never_import_monarch_meshes_or_recipes():
+    offenders = []
+    for path in sorted(CORE.rglob("*.py")):
+        for name in _imported_modules(path):
+            root = name.split(".")[0]
+            if root in {"monarch", "meshes", "recipes"}:
+                offenders.append(f"{path.relative_to(CORE.parent)} imports {name}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_importing_the_core_loads_no_monarch_module():
+    code = (
+        "import sys, composer_replication, composer_replication.loss, composer_replication.ingestion, "
+        "composer_replication.teacher_replay, composer_replication.training;"
+        "bad=[m for m in sys.modules if m.split('.')[0] in ('monarch','meshes','recipes')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_spec_reexports_resolve():
+    import composer_replication as cr
+
+    assert cr.__version__ == "0.1.0"
+    assert isinstance(cr._DILOCO_AVAILABLE, bool)
+    for name in cr.__all__:
+        assert hasattr(cr, name), name
+    assert (cr.make_diloco_outer_loop is None) == (not cr._DILOCO_AVAILABLE)
