@@ -1,0 +1,219 @@
+"""G samples per prompt, with the sampling policy's log-probs recorded at sampling time.
+
+:func:`sample_rollouts` renders every prompt with the shared chat format
+(``trainer.chat_format.build_prompt_ids``), repeats it ``num_generations`` times, left-pads the
+prompts, samples with ``model.generate`` and cuts every response after its first end-of-turn token
+(``<|im_end|>`` for ChatML; a response that never emits it is kept whole and flagged
+``truncated``). Right after sampling, under ``no_grad`` and with the same model, it computes the
+per-token log-probs of the sampled responses with the training kernel
+(``loss.token_logprobs_for``), so the GRPO ratio compares like with like. Old log-probs are those
+of the untempered model (temperature 1), as ``compose_loss`` computes the current ones; with
+``temperature != 1`` the samples come from the tempered distribution.
+
+Determinism without global seeding: generation runs inside ``torch.random.fork_rng`` seeded with
+``seed``, so the caller's RNG state is restored afterwards and the same seed gives the same samples.
+
+Layout of the batch (``B = len(prompts) * num_generations``, sample ``b`` answers prompt
+``b // num_generations``): ``[left padding | prompt | response | right padding]``; the prompt
+always ends at column ``prompt_length``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from composer_replication.rollout.environment import Prompt
+
+__all__ = ["RolloutBatch", "sample_rollouts", "compute_token_logprobs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled rollouts and their tensors (the channel-1 part of the batch contract).
+
+    Attributes:
+        prompt_index: ``[B]`` which prompt (index into the ``prompts`` given) each sample answers.
+        prompt_ids: ``[B]`` lists: each sample's prompt token ids (unpadded).
+        response_ids: ``[B]`` lists: each sample's response token ids, end-of-turn included.
+        texts: ``[B]`` decoded responses (special tokens skipped), what environments score.
+        truncated: ``[B]`` True where the response hit ``max_new_tokens`` without end-of-turn.
+        group_ids: ``[B]`` long, ``group_offset + prompt_index`` (one group per prompt).
+        input_ids: ``[B, T]`` long, ``[pad | prompt | response | pad]``.
+        attention_mask: ``[B, T]`` long, 1 on prompt and response tokens.
+        response_mask: ``[B, T]`` long, 1 on response tokens.
+        old_logprobs: ``[B, T]`` float32 aligned log-probs of the sampling model, 0 off the response.
+        prompt_length: ``P``, the column where every response starts.
+        num_generations: samples per prompt (``G``).
+    """
+
+    prompt_index: list[int]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    texts: list[str]
+    truncated: list[bool]
+    group_ids: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    prompt_length: int
+    num_generations: int
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def sample_rollouts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Prompt | Sequence[Mapping[str, Any]]],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chunk_size: int | None = 1024,
+    group_offset: int = 0,
+) -> RolloutBatch:
+    """Sample ``num_generations`` responses for every prompt and record their old log-probs.
+
+    Args:
+        model: a Hugging Face causal LM (put in eval mode for sampling, its mode restored after).
+        tokenizer: its tokenizer (chat template, ``pad_token_id``).
+        prompts: :class:`Prompt` objects or plain message lists.
+        num_generations: samples per prompt (``G``, at least 1; GRPO needs at least 2).
+        max_new_tokens: the longest response, end-of-turn included.
+        temperature: sampling temperature (> 0).
+        top_p: nucleus sampling mass in (0, 1] (1 disables it; top-k is always off).
+        seed: seed of the local RNG used for sampling.
+        chunk_size: token chunk of the log-prob kernel (``None``: full logits).
+        group_offset: added to ``prompt_index`` to form ``group_ids`` (unique ids across calls).
+
+    Returns:
+        A :class:`RolloutBatch` on the model's device.
+
+    Raises:
+        ValueError: no prompts, or a non-positive count / limit, or ``top_p`` outside (0, 1].
+    """
+    _check(prompts, num_generations, max_new_tokens, temperature, top_p)
+    from composer_replication.trainer.chat_format import build_prompt_ids, end_of_turn_id
+
+    device = next(model.parameters()).device
+    eot, pad = end_of_turn_id(tokenizer), tokenizer.pad_token_id
+    pad = eot if pad is None else pad
+    rendered = [build_prompt_ids(tokenizer, p.messages if isinstance(p, Prompt) else p) for p in prompts]
+    index = [i for i in range(len(rendered)) for _ in range(num_generations)]
+    P = max(len(r) for r in rendered)
+    prompt_ids = torch.full((len(index), P), pad, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompt_ids)
+    for row, i in enumerate(index):
+        prompt_ids[row, P - len(rendered[i]) :] = torch.tensor(rendered[i])
+        prompt_mask[row, P - len(rendered[i]) :] = 1
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), do_sample=True,
+                temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+                eos_token_id=eot, pad_token_id=pad,
+            )
+        responses, truncated = _cut_at_end_of_turn(out[:, P:].tolist(), eot)
+        input_ids, attention_mask, response_mask = _layout(prompt_ids, prompt_mask, responses, pad)
+        input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
+        with torch.no_grad():
+            old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
+    finally:
+        model.train(was_training)
+    return RolloutBatch(
+        prompt_index=index, prompt_ids=[rendered[i] for i in index], response_ids=responses,
+        texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=truncated,
+        group_ids=torch.tensor([group_offset + i for i in index], dtype=torch.long, device=device),
+        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+        old_logprobs=old.detach(), prompt_length=P, num_generations=num_generations,
+    )
+
+
+def compute_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    chunk_size: int | None = 1024,
+) -> torch.Tensor:
+    """Aligned per-token log-probs ``[B, T]`` (float32) of ``input_ids``, 0 outside ``response_mask``.
+
+    Uses ``composer_replication.loss.token_logprobs_for``, the kernel ``compose_loss`` trains with.
+    Runs with grad when grad is enabled (wrap in ``torch.no_grad()`` for old log-probs).
+
+    Args:
+        model: a causal LM.
+        input_ids: ``[B, T]`` long.
+        attention_mask: ``[B, T]`` 1 on real tokens.
+        response_mask: ``[B, T]`` 1 on the tokens to score.
+        chunk_size: token chunk (``None``: full logits).
+    """
+    from composer_replication.loss import token_logprobs_for
+
+    lp = token_logprobs_for(model, input_ids, attention_mask, response_mask=response_mask, chunk_size=chunk_size)
+    return torch.where(response_mask.bool(), lp.float(), torch.zeros((), dtype=torch.float32, device=lp.device))
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _check(prompts: Sequence[Any], g: int, max_new: int, temperature: float, top_p: float) -> None:
+    if len(prompts) == 0:
+        raise ValueError("sample_rollouts: prompts is empty; pass at least one Prompt or message list.")
+    if not isinstance(g, int) or g < 1:
+        raise ValueError(f"num_generations must be an int >= 1, got {g!r} (GRPO needs >= 2 per prompt).")
+    if g == 1:
+        log.warning("num_generations=1: every group has one sample, so all GRPO advantages are 0")
+    if not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new!r}.")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}; use a small value for near-greedy.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; 1.0 disables nucleus sampling.")
+
+
+def _cut_at_end_of_turn(generated: list[list[int]], eot: int) -> tuple[list[list[int]], list[bool]]:
+    """Keep each row up to and including its first end-of-turn token."""
+    responses, truncated = [], []
+    for row in generated:
+        if eot in row:
+            responses.append(row[: row.index(eot) + 1])
+            truncated.append(False)
+        else:
+            responses.append(row)
+            truncated.append(True)
+    return responses, truncated
+
+
+def _layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: list[list[int]], pad: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[pad | prompt | response | pad]`` ids ``[B, T]``, attention mask and response mask."""
+    B, P = prompt_ids.shape
+    L = max(1, max(len(r) for r in responses))
+    input_ids = torch.full((B, P + L), pad, dtype=torch.long)
+    input_ids[:, :P] = prompt_ids
+    attention_mask = torch.zeros_like(input_ids)
+    attention_mask[:, :P] = prompt_mask
+    response_mask = torch.zeros_like(input_ids)
+    for b, r in enumerate(responses):
+        if r:
+            input_ids[b, P : P + len(r)] = torch.tensor(r)
+            attention_mask[b, P : P + len(r)] = 1
+            response_mask[b, P : P + len(r)] = 1
+    return input_ids, attention_mask, response_mask
