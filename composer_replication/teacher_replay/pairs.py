@@ -1,0 +1,144 @@
+"""DPO pairs from teacher consensus: where >= k teachers agree on an action the student did not take.
+
+Agreement is judged on :func:`composer_replication.actions.canonical_action` (whitespace-normalized
+text; tool calls by name and canonical JSON arguments, so key order and spacing do not matter;
+thinking ignored). For each state, the successful teacher replies are grouped by canonical action,
+each teacher counted once (its first successful result). The winning group is the largest one; ties
+go to the group whose first reply comes earliest in ``teacher_actions`` (for ``replay_trace`` output,
+the teacher listed first). A group equal to the student's own action takes part in the vote and wins
+its ties: when the teachers' favourite is (or ties with) what the student did, no pair is made. A
+pair is made when the winner differs from the student and has ``>= agreement_threshold`` teachers;
+``chosen`` is the earliest winning teacher's ORIGINAL text, ``rejected`` the student's action.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from composer_replication.actions import canonical_action
+from composer_replication.types import DPOPair, TeacherCallResult, TraceState
+
+__all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs"]
+
+_PAIR_KEYS = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
+
+
+def _groups(results: list[tuple[int, TeacherCallResult]]) -> dict[str, list[tuple[int, str]]]:
+    """canonical action -> [(position in teacher_actions, original text)], one entry per teacher."""
+    seen: set[str] = set()
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for pos, r in results:
+        text = r.get("response_text")
+        if r.get("error") is not None or not isinstance(text, str) or r["teacher_slug"] in seen:
+            continue
+        canon = canonical_action(text)
+        if not canon:
+            continue
+        seen.add(r["teacher_slug"])
+        groups.setdefault(canon, []).append((pos, text))
+    return groups
+
+
+def extract_dpo_pairs(
+    states: Sequence[TraceState],
+    teacher_actions: Sequence[TeacherCallResult],
+    agreement_threshold: int = 2,
+) -> list[DPOPair]:
+    """One :class:`DPOPair` per state where >= ``agreement_threshold`` teachers agree against the student.
+
+    Args:
+        states: the states that were replayed (unique ``state_id``s); pairs come out in this order.
+        teacher_actions: ``replay_trace`` results; errors and empty replies are ignored, as are
+            results for state ids not in ``states``.
+        agreement_threshold: teachers that must agree (>= 1).
+
+    Returns:
+        At most one pair per state (the most-agreed action; ties as in the module docstring).
+
+    Raises:
+        ValueError: a threshold that is not an integer >= 1, or duplicate state ids.
+    """
+    if (
+        isinstance(agreement_threshold, bool)
+        or not isinstance(agreement_threshold, int)
+        or agreement_threshold < 1
+    ):
+        raise ValueError(
+            f"agreement_threshold must be an integer >= 1; got {agreement_threshold!r}. "
+            "Use 2 (the default) to require two agreeing teachers."
+        )
+    by_state: dict[str, list[tuple[int, TeacherCallResult]]] = {}
+    for s in states:
+        if s["state_id"] in by_state:
+            raise ValueError(f"state_id {s['state_id']!r} appears twice in states; ids must be unique.")
+        by_state[s["state_id"]] = []
+    for pos, r in enumerate(teacher_actions):
+        if r.get("state_id") in by_state:
+            by_state[r["state_id"]].append((pos, r))
+    pairs: list[DPOPair] = []
+    for s in states:
+        groups = _groups(by_state[s["state_id"]])
+        if not groups:
+            continue
+        student = canonical_action(s.get("student_action") or "")
+        # largest group; ties: the student's own group first, then the earliest first reply
+        best = min(groups, key=lambda c: (-len(groups[c]), c != student, groups[c][0][0]))
+        members = groups[best]
+        if best == student or len(members) < agreement_threshold:
+            continue
+        pairs.append(
+            {
+                "state_id": s["state_id"],
+                "state_messages": s["messages"],
+                "chosen": members[0][1],
+                "rejected": s["student_action"],
+                "n_teachers_agreeing": len(members),
+            }
+        )
+    return pairs
+
+
+def save_pairs(pairs: Sequence[DPOPair], path: str | os.PathLike[str]) -> None:
+    """Write ``pairs`` as JSONL atomically (temp file in the same folder, fsync, rename); creates parents."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for p in pairs:
+                fh.write(json.dumps(dict(p), ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_pairs(path: str | os.PathLike[str]) -> list[DPOPair]:
+    """Read pairs written by :func:`save_pairs`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: a line is not JSON or lacks a pair key (the message gives the line number).
+    """
+    pairs: list[DPOPair] = []
+    with open(Path(path).expanduser(), encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{path}:{n}: not a JSON line ({exc}); was it written by save_pairs?"
+                ) from None
+            missing = [k for k in _PAIR_KEYS if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{n}: a DPO pair needs keys {list(_PAIR_KEYS)}; missing {missing}.")
+            pairs.append(rec)
+    return pairs

@@ -1,0 +1,472 @@
+"""Replay a frozen trace against N teachers: async fan-out, hard budget, ledger resume, local teachers.
+
+``replay_trace`` asks every teacher for the next action at every state and returns one
+:class:`TeacherCallResult` per (state, teacher), in (state, teacher) order. Remote calls share ONE
+``httpx.AsyncClient``; a global semaphore (``max_concurrency``) and a per-teacher one
+(``per_teacher_concurrency``, or the teacher's own ``max_concurrency``) bound the calls in flight.
+The budget (:mod:`.budget`) is reserved before each call; the ledger (:mod:`.ledger`) records each
+finished call so a killed replay resumes without paying twice. ``local:<model>`` teachers generate
+in-process (:mod:`.local`). Failures never raise out of a replay: they are results with ``error`` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from composer_replication.teacher_replay.budget import Budget, Reservation, usage_cost, worst_case_cost
+from composer_replication.teacher_replay.client import ChatCompletionsClient
+from composer_replication.teacher_replay.keys import SecretKey, resolve_api_key, scrub
+from composer_replication.teacher_replay.ledger import Ledger, request_sha256
+from composer_replication.teacher_replay.local import LOCAL_PREFIX, LocalTeacher, local_model_name
+from composer_replication.teacher_replay.prompting import build_teacher_messages
+from composer_replication.teacher_replay.specs import (
+    BUDGET_SKIP,
+    DEFAULT_TEACHERS,
+    OPENROUTER_BASE_URL,
+    STOPPED_PREFIX,
+    check_number,
+    error_kind,
+    make_result,
+    teacher_needs_key,
+    validate_states,
+    validate_teachers,
+)
+from composer_replication.teacher_replay.transport import ShardedTransport
+from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
+
+__all__ = ["ReplayProgress", "TeacherReplayer", "replay_trace", "replay_trace_sync"]
+
+log = logging.getLogger(__name__)
+
+LOCAL_DEFAULT_TEMPERATURE = 0.7
+
+
+@dataclass
+class ReplayProgress:
+    """Passed to the ``progress`` callback after each finished (or skipped) call.
+
+    Attributes:
+        done / total: calls finished so far / calls in the replay (states x teachers).
+        result: the call's result. from_ledger: it was read back from the ledger (not paid again).
+        spent_usd / reserved_usd / max_total_usd: settled spend (incl. the ledger's), held
+            reservations, the cap.
+        errors: counts of :func:`error_kind` over the results so far (``"ok"`` excluded).
+    """
+
+    done: int
+    total: int
+    result: TeacherCallResult
+    from_ledger: bool
+    spent_usd: float
+    reserved_usd: float
+    max_total_usd: float
+    errors: Counter = field(default_factory=Counter)
+
+
+class TeacherReplayer:
+    """A reusable replay engine (keeps ``local:`` models loaded between replays).
+
+    Args:
+        teachers: the teachers (see :class:`TeacherSpec`).
+        api_key: key for remote teachers; else ``$OPENROUTER_API_KEY``; else ``dotenv_path``.
+            Sent to every non-local teacher endpoint. Only required when some teacher is neither
+            ``local:`` nor on a loopback ``base_url``.
+        dotenv_path: a dotenv file with ``OPENROUTER_API_KEY=...`` (read only when given).
+        max_concurrency: calls in flight over all teachers.
+        per_teacher_concurrency: calls in flight per teacher (a teacher's ``max_concurrency`` wins).
+        timeout_s: per-request timeout. max_retries: retries of transient failures per call.
+        max_tokens: completion cap per call (a teacher's ``max_tokens`` wins); also the budget's worst case.
+        temperature / seed: sent when set (a teacher's own values win); local teachers default to 0.7 / 0.
+        http_client: an ``httpx.AsyncClient`` (used as is, not closed) or an ``httpx.AsyncBaseTransport``
+            (e.g. ``httpx.MockTransport``) to build the shared client on.
+        backoff_base_s / max_backoff_s / max_retry_after_s: retry timing (see :mod:`.client`).
+        local_device: device of ``local:`` teachers.
+        local_teachers: ``slug -> LocalTeacher`` to reuse (e.g. a model already loaded by another
+            replayer); other ``local:`` slugs get a new :class:`LocalTeacher`, loaded on first use.
+
+    Raises:
+        ValueError: a bad argument (named in the message).
+        MissingAPIKeyError: a remote teacher needs a key and none was found.
+    """
+
+    def __init__(
+        self,
+        teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
+        *,
+        api_key: str | SecretKey | None = None,
+        dotenv_path: str | os.PathLike[str] | None = None,
+        max_concurrency: int = 32,
+        per_teacher_concurrency: int = 8,
+        timeout_s: float = 120.0,
+        max_retries: int = 5,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        seed: int | None = None,
+        http_client: httpx.AsyncClient | httpx.AsyncBaseTransport | None = None,
+        backoff_base_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_retry_after_s: float = 300.0,
+        local_device: str = "cpu",
+        local_teachers: dict[str, LocalTeacher] | None = None,
+    ) -> None:
+        self.teachers = validate_teachers(teachers)
+        check_number("max_concurrency", max_concurrency)
+        check_number("per_teacher_concurrency", per_teacher_concurrency)
+        check_number("max_retries", max_retries, minimum=0)
+        check_number("max_tokens", max_tokens)
+        check_number("timeout_s", timeout_s, minimum=1e-3, integer=False)
+        for name, value in (("backoff_base_s", backoff_base_s), ("max_backoff_s", max_backoff_s)):
+            check_number(name, value, minimum=0, integer=False)
+        if temperature is not None:
+            check_number("temperature", temperature, minimum=0, integer=False)
+        if http_client is not None and not isinstance(
+            http_client, (httpx.AsyncClient, httpx.AsyncBaseTransport)
+        ):
+            raise ValueError(
+                f"http_client must be an httpx.AsyncClient or httpx.AsyncBaseTransport; got {type(http_client).__name__}."
+            )
+        needs_key = any(teacher_needs_key(t) for t in self.teachers)
+        self._key = resolve_api_key(api_key, dotenv_path=dotenv_path, required=needs_key)
+        self.max_concurrency = max_concurrency
+        self.per_teacher_concurrency = per_teacher_concurrency
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self._http_arg = http_client
+        self._client_kw = dict(
+            timeout_s=float(timeout_s),
+            max_retries=max_retries,
+            backoff_base_s=float(backoff_base_s),
+            max_backoff_s=float(max_backoff_s),
+            max_retry_after_s=float(max_retry_after_s),
+        )
+        given = dict(local_teachers or {})
+        self.local_teachers: dict[str, LocalTeacher] = {
+            t["slug"]: given.get(t["slug"]) or LocalTeacher(local_model_name(t["slug"]), device=local_device)
+            for t in self.teachers
+            if t["slug"].startswith(LOCAL_PREFIX)
+        }
+
+    def __repr__(self) -> str:
+        slugs = [t["slug"] for t in self.teachers]
+        return f"TeacherReplayer(teachers={slugs}, api_key={self._key!r}, max_concurrency={self.max_concurrency})"
+
+    # ------------------------------------------------------------------ requests
+
+    def _body(self, teacher: TeacherSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": teacher["slug"],
+            "messages": messages,
+            "max_tokens": int(teacher.get("max_tokens", self.max_tokens)),
+        }
+        local = teacher["slug"].startswith(LOCAL_PREFIX)
+        temperature = teacher.get("temperature", self.temperature)
+        seed = teacher.get("seed", self.seed)
+        if local:  # the hash must change with the values actually used
+            temperature = LOCAL_DEFAULT_TEMPERATURE if temperature is None else temperature
+            seed = 0 if seed is None else seed
+        if temperature is not None:
+            body["temperature"] = float(temperature)
+        if seed is not None:
+            body["seed"] = int(seed)
+        return body
+
+    def _url(self, teacher: TeacherSpec) -> str:
+        return teacher.get("base_url", OPENROUTER_BASE_URL).rstrip("/") + "/chat/completions"
+
+    def _make_http(self) -> tuple[httpx.AsyncClient | None, bool]:
+        if not any(not t["slug"].startswith(LOCAL_PREFIX) for t in self.teachers):
+            return None, False
+        if isinstance(self._http_arg, httpx.AsyncClient):
+            return self._http_arg, False
+        transport = self._http_arg or ShardedTransport(self.max_concurrency)
+        return httpx.AsyncClient(transport=transport), True
+
+    # ------------------------------------------------------------------ one call
+
+    async def _call_remote(
+        self,
+        client: ChatCompletionsClient,
+        teacher: TeacherSpec,
+        body: dict[str, Any],
+        state_id: str,
+        reservation: Reservation,
+    ) -> tuple[TeacherCallResult, str | None]:
+        t0 = time.perf_counter()
+        out = await client.complete(self._url(teacher), body)
+        latency = time.perf_counter() - t0
+        if out.error is not None:
+            return make_result(state_id, teacher["slug"], error=out.error, latency_s=latency), out.stop
+        if out.usage is None:  # no usage reported: charge the worst case, tokens unknown
+            log.debug("teacher %s returned no usage; charging the reserved worst case", teacher["slug"])
+            pt, ct, cost = 0, 0, reservation.amount_usd
+        else:
+            pt, ct, cost = usage_cost(teacher, out.usage)
+        return make_result(
+            state_id,
+            teacher["slug"],
+            text=out.text,
+            latency_s=latency,
+            prompt_tokens=pt,
+            completion_tokens=ct,
+            cost_usd=cost,
+        ), None
+
+    async def _call_local(
+        self, teacher: TeacherSpec, body: dict[str, Any], state_id: str
+    ) -> tuple[TeacherCallResult, str | None]:
+        t0 = time.perf_counter()
+        try:
+            gen = await asyncio.to_thread(
+                self.local_teachers[teacher["slug"]].generate,
+                body["messages"],
+                state_id=state_id,
+                max_new_tokens=body["max_tokens"],
+                temperature=body["temperature"],
+                seed=body["seed"],
+            )
+        except Exception as exc:  # a broken local model fails every call the same way: stop it
+            msg = scrub(f"local teacher error: {type(exc).__name__}: {exc}", self._key)
+            return make_result(state_id, teacher["slug"], error=msg, latency_s=time.perf_counter() - t0), msg
+        pt, ct, cost = usage_cost(
+            teacher, {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}
+        )
+        return make_result(
+            state_id,
+            teacher["slug"],
+            text=gen.text,
+            latency_s=time.perf_counter() - t0,
+            prompt_tokens=pt,
+            completion_tokens=ct,
+            cost_usd=cost,
+        ), None
+
+    # ------------------------------------------------------------------ a replay
+
+    async def replay(
+        self,
+        states: Sequence[TraceState],
+        *,
+        max_total_usd: float = 5.0,
+        ledger_path: str | os.PathLike[str] | None = None,
+        progress: Callable[[ReplayProgress], None] | None = None,
+    ) -> list[TeacherCallResult]:
+        """Replay ``states`` against every teacher; results in (state, teacher) order.
+
+        Args:
+            states: the frozen trace (unique ``state_id``s).
+            max_total_usd: the hard cap; the ledger's recorded spend counts against it.
+            ledger_path: JSONL ledger to resume from and append to (``None``: no ledger).
+            progress: called with a :class:`ReplayProgress` after each call (exceptions are logged).
+        """
+        states = validate_states(states)
+        budget_cap = max_total_usd
+        ledger = Ledger(ledger_path) if ledger_path is not None else None
+        http, owned = self._make_http()
+        try:
+            budget = Budget(budget_cap, already_spent_usd=ledger.spent_usd if ledger else 0.0)
+            client = ChatCompletionsClient(http, api_key=self._key, **self._client_kw) if http else None
+            run = _Run(self, states, budget, ledger, client, progress)
+            return await run.go()
+        finally:
+            if owned and http is not None:
+                await http.aclose()
+            if ledger is not None:
+                ledger.close()
+
+
+class _Run:
+    """The state of one replay: semaphores, budget, ledger, results, stopped teachers."""
+
+    def __init__(
+        self,
+        rp: TeacherReplayer,
+        states: list[TraceState],
+        budget: Budget,
+        ledger: Ledger | None,
+        client: ChatCompletionsClient | None,
+        progress: Callable[[ReplayProgress], None] | None,
+    ) -> None:
+        self.rp, self.states, self.budget, self.ledger, self.client = rp, states, budget, ledger, client
+        self.progress = progress
+        self.global_sem = asyncio.Semaphore(rp.max_concurrency)
+        self.teacher_sem = {
+            t["slug"]: asyncio.Semaphore(int(t.get("max_concurrency", rp.per_teacher_concurrency)))
+            for t in rp.teachers
+        }
+        self.stopped: dict[str, str] = {}
+        self.total = len(states) * len(rp.teachers)
+        self.results: list[TeacherCallResult | None] = [None] * self.total
+        self.done = 0
+        self.errors: Counter = Counter()
+        self._pending: list[tuple[str, TeacherCallResult, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+
+    async def go(self) -> list[TeacherCallResult]:
+        n_t = len(self.rp.teachers)
+        window = asyncio.Semaphore(
+            max(4 * self.rp.max_concurrency, 2 * n_t * self.rp.per_teacher_concurrency)
+        )
+        tasks: list[asyncio.Task] = []
+        try:
+            for si, state in enumerate(self.states):
+                messages = build_teacher_messages(state)
+                for ti, teacher in enumerate(self.rp.teachers):
+                    await window.acquire()
+                    task = asyncio.create_task(self.one(si * n_t + ti, state, teacher, messages))
+                    task.add_done_callback(lambda _t: window.release())
+                    tasks.append(task)
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._flusher is not None:  # let a ledger write in progress finish before closing
+                await asyncio.gather(self._flusher, return_exceptions=True)
+        return [r for r in self.results if r is not None]
+
+    async def one(
+        self, idx: int, state: TraceState, teacher: TeacherSpec, messages: list[dict[str, str]]
+    ) -> None:
+        slug, sid = teacher["slug"], state["state_id"]
+        body = self.rp._body(teacher, messages)
+        req_hash = request_sha256(body)
+        hit = self.ledger.lookup(sid, slug, req_hash) if self.ledger is not None else None
+        if hit is not None:
+            return self.finish(idx, hit, from_ledger=True)
+        async with self.teacher_sem[slug], self.global_sem:
+            if slug in self.stopped:
+                return self.finish(idx, make_result(sid, slug, error=STOPPED_PREFIX + self.stopped[slug]))
+            reservation = await self.budget.reserve(worst_case_cost(teacher, messages, body["max_tokens"]))
+            if reservation is None:
+                return self.finish(idx, make_result(sid, slug, error=BUDGET_SKIP))
+            cost = 0.0
+            try:
+                if slug.startswith(LOCAL_PREFIX):
+                    result, stop = await self.rp._call_local(teacher, body, sid)
+                else:
+                    assert self.client is not None
+                    result, stop = await self.rp._call_remote(self.client, teacher, body, sid, reservation)
+                cost = result["cost_usd"]
+            finally:
+                await self.budget.settle(reservation, cost)
+            if stop is not None and slug not in self.stopped:
+                self.stopped[slug] = stop
+                log.warning("teacher %s stopped: %s; its remaining calls are skipped", slug, stop)
+        if self.ledger is not None:
+            await self.record(req_hash, result)
+        self.finish(idx, result)
+
+    async def record(self, req_hash: str, result: TeacherCallResult) -> None:
+        """Return once ``result`` is durably in the ledger (group commit: one fsync per batch)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((req_hash, result, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await fut
+
+    async def _flush(self) -> None:
+        assert self.ledger is not None
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self.ledger.append_many, [(h, r) for h, r, _ in batch])
+            except Exception as exc:  # e.g. disk full: the calls waiting on this batch fail with it
+                for *_, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            except BaseException:  # cancelled: so are the calls waiting on this batch
+                for *_, fut in batch:
+                    fut.cancel()
+                raise
+            for *_, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def finish(self, idx: int, result: TeacherCallResult, *, from_ledger: bool = False) -> None:
+        self.results[idx] = result
+        self.done += 1
+        if result["error"] is not None:
+            self.errors[error_kind(result["error"])] += 1
+        if self.progress is None:
+            return
+        event = ReplayProgress(
+            done=self.done,
+            total=self.total,
+            result=result,
+            from_ledger=from_ledger,
+            spent_usd=self.budget.spent_usd,
+            reserved_usd=self.budget.reserved_usd,
+            max_total_usd=self.budget.max_total_usd,
+            errors=Counter(self.errors),
+        )
+        try:
+            self.progress(event)
+        except Exception:  # a broken progress display must not lose the replay
+            log.exception("the progress callback raised; continuing")
+
+
+async def replay_trace(
+    states: Sequence[TraceState],
+    teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
+    max_total_usd: float = 5.0,
+    api_key: str | SecretKey | None = None,
+    *,
+    ledger_path: str | os.PathLike[str] | None = None,
+    dotenv_path: str | os.PathLike[str] | None = None,
+    max_concurrency: int = 32,
+    per_teacher_concurrency: int = 8,
+    timeout_s: float = 120.0,
+    max_retries: int = 5,
+    max_tokens: int = 1024,
+    progress: Callable[[ReplayProgress], None] | None = None,
+    http_client: httpx.AsyncClient | httpx.AsyncBaseTransport | None = None,
+    **kwargs: Any,
+) -> list[TeacherCallResult]:
+    """Ask every teacher for the next action at every state; one result per (state, teacher), in order.
+
+    See :class:`TeacherReplayer` for the arguments (``kwargs``: temperature, seed, backoff_base_s,
+    max_backoff_s, max_retry_after_s, local_device). Spend (settled + reserved) never exceeds
+    ``max_total_usd``; calls that would are returned with ``error="skipped: budget"``.
+
+    Raises:
+        ValueError: bad arguments, states or teachers.
+        MissingAPIKeyError: a remote teacher needs a key and none was found (says where it looked).
+    """
+    replayer = TeacherReplayer(
+        teachers,
+        api_key=api_key,
+        dotenv_path=dotenv_path,
+        max_concurrency=max_concurrency,
+        per_teacher_concurrency=per_teacher_concurrency,
+        timeout_s=timeout_s,
+        max_retries=max_retries,
+        max_tokens=max_tokens,
+        http_client=http_client,
+        **kwargs,
+    )
+    return await replayer.replay(
+        states, max_total_usd=max_total_usd, ledger_path=ledger_path, progress=progress
+    )
+
+
+def replay_trace_sync(*args: Any, **kwargs: Any) -> list[TeacherCallResult]:
+    """``asyncio.run(replay_trace(...))``; raises ``RuntimeError`` inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(replay_trace(*args, **kwargs))
+    raise RuntimeError(
+        "replay_trace_sync was called inside a running event loop; use `await replay_trace(...)`."
+    )
