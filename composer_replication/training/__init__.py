@@ -1,0 +1,68 @@
+"""The single-process training engine that the Monarch actors wrap (no Monarch here).
+
+- :mod:`.config`: ``StudentConfig`` tree (``OptimConfig``, ``LossConfig``, ``RolloutConfig``),
+  ``from_dict`` / ``to_dict`` / ``apply_overrides`` for YAML presets and ``key=value`` overrides.
+- :mod:`.data`: ``TrainingData``, ``build_training_data`` (environment by name), ``MixedEnvironment``,
+  and the per-step draws ``prompts_for_step`` / ``pairs_for_step``.
+- :mod:`.replay`: channel-3 pair tensors and their reference log-probs.
+- :mod:`.evaluate`: greedy answers and reward statistics.
+- :mod:`.student`: ``StudentTrainerCore`` (train_step, evaluate, state_dict, get/set_weights).
+- :mod:`.checkpoint`: atomic ``save_checkpoint`` / ``latest_checkpoint`` / ``load_checkpoint``.
+- :mod:`.run_dir`: ``RunDir`` (config.yaml, metrics.jsonl, TensorBoard, pairs.jsonl, summary.json).
+- :mod:`.loop`: ``run_plain``, the whole loop in one plain process.
+"""
+
+from __future__ import annotations
+
+from composer_replication.training.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from composer_replication.training.config import (
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    StudentConfig,
+    apply_overrides,
+    from_dict,
+    resolve_device,
+    resolve_dtype,
+    to_dict,
+)
+from composer_replication.training.data import (
+    MixedEnvironment,
+    TrainingData,
+    build_training_data,
+    pairs_for_step,
+    prompts_for_step,
+)
+from composer_replication.training.loop import run_plain
+from composer_replication.training.run_dir import RunDir
+from composer_replication.training.student import StudentTrainerCore, derive_seed
+
+__all__ = [
+    "OptimConfig",
+    "LossConfig",
+    "RolloutConfig",
+    "StudentConfig",
+    "from_dict",
+    "to_dict",
+    "apply_overrides",
+    "resolve_device",
+    "resolve_dtype",
+    "TrainingData",
+    "MixedEnvironment",
+    "build_training_data",
+    "prompts_for_step",
+    "pairs_for_step",
+    "StudentTrainerCore",
+    "derive_seed",
+    "save_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "RunDir",
+    "run_plain",
+]

@@ -1,0 +1,467 @@
+"""Training configuration: typed ``@dataclass(kw_only=True)`` trees, built from plain dicts (YAML).
+
+One tree describes one student trainer (:class:`StudentConfig`); recipes nest it inside their own
+top-level tree and reuse the three generic helpers here:
+
+- :func:`from_dict` builds nested dataclasses from plain dicts, rejecting unknown keys and values of
+  the wrong type with an error that names the dotted key (``'optim.lr' must be a float, got 'abc'``);
+- :func:`to_dict` turns a tree back into plain dicts/lists (what ``config.yaml`` holds);
+- :func:`apply_overrides` applies command-line ``key.sub=value`` strings (values parsed as YAML).
+
+Cross-field checks live in each class's ``__post_init__`` and name the key they reject.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union
+
+import torch
+import yaml
+
+__all__ = [
+    "OptimConfig",
+    "LossConfig",
+    "RolloutConfig",
+    "StudentConfig",
+    "from_dict",
+    "to_dict",
+    "apply_overrides",
+    "resolve_device",
+    "resolve_dtype",
+]
+
+T = TypeVar("T")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"'{key}' {msg}")
+
+
+def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------- config trees
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule (the inner optimizer of the student)."""
+
+    lr: float = 1e-5
+    """Peak learning rate reached after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW ``(beta1, beta2)``."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from ``lr / (warmup_steps + 1)`` to ``lr``."""
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape after warm-up: ``constant``; ``linear`` decay to 0 at ``num_steps``; ``cosine`` decay to 0."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold on the global L2 norm; ``0`` disables clipping (the norm is still reported)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr!r}")
+        _check(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay!r}")
+        _check(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optim.betas",
+            f"must be two numbers in [0, 1), got {self.betas!r}",
+        )
+        _check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps!r}")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps!r}")
+        _check_choice(self.scheduler, "optim.scheduler", ("constant", "linear", "cosine"))
+        _check(self.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0, got {self.max_grad_norm!r}")
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    """Every knob of ``compose_loss``: ``total = policy + alpha_sdpo * distill + beta_replay * replay``."""
+
+    alpha_sdpo: float = 0.1
+    """Weight of channel 2 (self-distillation at error sites)."""
+    beta_replay: float = 0.05
+    """Weight of channel 3 (trace-replay DPO / SimPO)."""
+    sdpo_jsd_beta: float = 0.5
+    """Generalized JSD beta (TRL convention: 0 forward KL, 1 reverse KL)."""
+    sdpo_temperature: float = 1.0
+    """Softmax temperature of the distillation loss."""
+    sdpo_token_clip: float | None = None
+    """Elementwise clamp of pointwise JSD terms (OPSD ``jsd_token_clip``); ``None`` disables it."""
+    sdpo_top_k: int | None = None
+    """Keep only the teacher's top-k logits (renormalized); ``None`` uses the full vocabulary."""
+    sdpo_wrapper: Literal["none", "taid", "entropy_opd"] = "none"
+    """Distillation loss of channel 2: ``none`` (plain generalized JSD), ``taid`` (scheduled interpolation,
+    ``t`` from a ``TAIDScheduler``) or ``entropy_opd`` (entropy-aware on-policy distillation)."""
+    taid_t_start: float = 0.4
+    """TAID: initial interpolation coefficient ``t``."""
+    taid_t_end: float = 1.0
+    """TAID: final ``t`` (hard ceiling)."""
+    taid_alpha: float = 5e-4
+    """TAID: adaptive bump magnitude."""
+    taid_beta: float = 0.99
+    """TAID: EMA decay of the relative loss change."""
+    replay_dpo_beta: float = 0.1
+    """DPO beta of channel 3."""
+    dpo_variant: Literal["dpo", "simpo"] = "dpo"
+    """Channel 3 loss: ``dpo`` (needs reference log-probs) or reference-free ``simpo``."""
+    simpo_beta: float = 2.0
+    """SimPO beta."""
+    simpo_gamma: float = 1.0
+    """SimPO absolute target margin gamma (TRL convention)."""
+    entropy_opd_h_max: float | None = None
+    """Entropy-aware OPD normaliser; ``None`` means ``log(V)``."""
+    chunk_size: int | None = 1024
+    """Tokens per chunk in the chunked log-prob / distillation kernels (memory); ``null`` = naive full logits."""
+    lm_ce_label_smoothing: float = 0.0
+    """Label smoothing of the LM cross-entropy fallback of channel 1."""
+    dpo_label_smoothing: float = 0.0
+    """Label smoothing (conservative DPO) of channel 3."""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """GRPO aggregation (TRL names)."""
+    epsilon_low: float = 0.2
+    """GRPO lower clip range."""
+    epsilon_high: float = 0.2
+    """GRPO upper clip range (DAPO's clip-higher uses 0.28)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """GRPO importance ratio per ``token``, or per ``sequence`` (GSPO)."""
+    kl_beta: float = 0.0
+    """Weight of the k3 KL to the frozen reference inside GRPO (0 disables the reference pass)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage normalisation: by the group std, the batch std, or none (Dr. GRPO)."""
+
+    def __post_init__(self) -> None:
+        for key in ("alpha_sdpo", "beta_replay", "replay_dpo_beta", "simpo_beta", "kl_beta"):
+            _check(getattr(self, key) >= 0, f"loss.{key}", f"must be >= 0, got {getattr(self, key)!r}")
+        _check(0 <= self.sdpo_jsd_beta <= 1, "loss.sdpo_jsd_beta", f"must be in [0, 1], got {self.sdpo_jsd_beta!r}")
+        _check(self.sdpo_temperature > 0, "loss.sdpo_temperature", f"must be > 0, got {self.sdpo_temperature!r}")
+        _check(
+            self.sdpo_token_clip is None or self.sdpo_token_clip > 0,
+            "loss.sdpo_token_clip",
+            f"must be > 0 or null, got {self.sdpo_token_clip!r}",
+        )
+        _check(
+            self.sdpo_top_k is None or self.sdpo_top_k >= 1,
+            "loss.sdpo_top_k",
+            f"must be >= 1 or null, got {self.sdpo_top_k!r}",
+        )
+        _check_choice(self.sdpo_wrapper, "loss.sdpo_wrapper", ("none", "taid", "entropy_opd"))
+        _check(
+            0 <= self.taid_t_start <= self.taid_t_end <= 1,
+            "loss.taid_t_start",
+            f"and 'loss.taid_t_end' must satisfy 0 <= t_start <= t_end <= 1, got "
+            f"{self.taid_t_start!r} and {self.taid_t_end!r}",
+        )
+        _check_choice(self.dpo_variant, "loss.dpo_variant", ("dpo", "simpo"))
+        _check(
+            self.entropy_opd_h_max is None or self.entropy_opd_h_max > 0,
+            "loss.entropy_opd_h_max",
+            f"must be > 0 or null, got {self.entropy_opd_h_max!r}",
+        )
+        _check(
+            self.chunk_size is None or self.chunk_size >= 1,
+            "loss.chunk_size",
+            f"must be >= 1 or null, got {self.chunk_size!r}",
+        )
+        for key in ("lm_ce_label_smoothing", "dpo_label_smoothing"):
+            _check(0 <= getattr(self, key) < 1, f"loss.{key}", f"must be in [0, 1), got {getattr(self, key)!r}")
+        _check_choice(self.loss_type, "loss.loss_type", ("grpo", "bnpo", "dr_grpo", "dapo"))
+        _check(0 <= self.epsilon_low < 1, "loss.epsilon_low", f"must be in [0, 1), got {self.epsilon_low!r}")
+        _check(self.epsilon_high >= 0, "loss.epsilon_high", f"must be >= 0, got {self.epsilon_high!r}")
+        _check_choice(self.importance_sampling_level, "loss.importance_sampling_level", ("token", "sequence"))
+        _check_choice(self.scale_rewards, "loss.scale_rewards", ("group", "batch", "none"))
+
+    def grpo_config(self, *, max_completion_length: int | None = None) -> Any:
+        """The channel-1 ``composer_replication.grpo.GRPOLossConfig`` built from these fields.
+
+        Args:
+            max_completion_length: denominator of ``dr_grpo`` (the rollout's ``max_new_tokens``).
+        """
+        from composer_replication.grpo import GRPOLossConfig
+
+        kwargs: dict[str, Any] = dict(
+            loss_type=self.loss_type,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            importance_sampling_level=self.importance_sampling_level,
+            beta=self.kl_beta,
+            scale_rewards=self.scale_rewards,
+        )
+        if max_completion_length is not None:
+            kwargs["max_completion_length"] = max_completion_length
+        return GRPOLossConfig(**kwargs)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """On-policy sampling and the data drawn per step."""
+
+    environment: Literal["next_action", "python_tasks", "mixed"] = "next_action"
+    """Reward environment: next-action prediction on trace states, bundled Python tasks, or both."""
+    prompts_per_step: int = 4
+    """Distinct prompts per step and per rank."""
+    num_generations: int = 4
+    """Samples per prompt (the GRPO group size G)."""
+    max_new_tokens: int = 64
+    """Generation length limit per sample."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0; greedy decoding is only used by ``evaluate``)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold in (0, 1]."""
+    pairs_per_step: int = 2
+    """Trace-replay DPO pairs per step and per rank (0 disables channel 3)."""
+
+    def __post_init__(self) -> None:
+        _check_choice(self.environment, "rollout.environment", ("next_action", "python_tasks", "mixed"))
+        for key in ("prompts_per_step", "num_generations", "max_new_tokens"):
+            _check(getattr(self, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(self, key)!r}")
+        _check(self.temperature > 0, "rollout.temperature", f"must be > 0, got {self.temperature!r}")
+        _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p!r}")
+        _check(self.pairs_per_step >= 0, "rollout.pairs_per_step", f"must be >= 0, got {self.pairs_per_step!r}")
+
+
+@dataclass(kw_only=True)
+class StudentConfig:
+    """One student trainer: model, device, schedule, optimizer, loss and rollouts."""
+
+    model: str = "smollm2-135m"
+    """``smollm2-135m`` (embedded default), ``tiny`` (tests), or a local Hugging Face model folder."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the student and the reference."""
+    device: str = "auto"
+    """``auto`` (``cuda:<local rank>`` when CUDA is available, else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``."""
+    seed: int = 0
+    """Seed of the model init (``tiny``), data order and sampling; combined with (step, rank)."""
+    num_steps: int = 100
+    """Planned optimizer steps (sets the LR schedule and the TAID floor)."""
+    max_seq_len: int = 2048
+    """Longest sequence (prompt + response) the trainer accepts; longer pairs are skipped with a warning."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and LR schedule."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Loss channels and their weights."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling and per-step data."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "model", "must be a non-empty model name or folder")
+        _check_choice(self.dtype, "dtype", tuple(_DTYPES))
+        _check(
+            self.device in ("auto", "cpu", "cuda") or _is_cuda_n(self.device),
+            "device",
+            f"must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}",
+        )
+        _check(self.num_steps >= 1, "num_steps", f"must be >= 1, got {self.num_steps!r}")
+        _check(self.max_seq_len >= 8, "max_seq_len", f"must be >= 8, got {self.max_seq_len!r}")
+        _check(
+            self.optim.warmup_steps <= self.num_steps,
+            "optim.warmup_steps",
+            f"must be <= 'num_steps' ({self.num_steps}), got {self.optim.warmup_steps}",
+        )
+
+
+def _is_cuda_n(device: str) -> bool:
+    head, _, idx = device.partition(":")
+    return head == "cuda" and idx.isdigit()
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` -> the torch dtype (``ValueError`` otherwise)."""
+    _check_choice(name, "dtype", tuple(_DTYPES))
+    return _DTYPES[name]
+
+
+def resolve_device(device: str, *, local_rank: int | None = None) -> torch.device:
+    """Resolve a config device string to a ``torch.device``.
+
+    ``"auto"`` gives ``cuda:<local_rank % device_count>`` when CUDA is available, else ``cpu``.
+    ``local_rank`` defaults to the ``LOCAL_RANK`` environment variable, else 0.
+
+    Raises:
+        ValueError: a CUDA device is requested but CUDA is unavailable, or the string is malformed.
+    """
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda" or _is_cuda_n(device):
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"'device' is {device!r} but CUDA is not available on this machine; use 'auto' or 'cpu'."
+            )
+        return torch.device(device)
+    raise ValueError(f"'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+# ---------------------------------------------------------------------------- dict <-> dataclass
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(tp: Any) -> str:
+    return {float: "a float", int: "an integer", bool: "a boolean", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp``; raise ``ValueError`` naming ``key``."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0] if len(errors) == 1 else f"'{key}' has an invalid value {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ValueError(f"'{key}' must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"'{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, path=key)
+    if origin in (tuple, list):
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"'{key}' must be a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ValueError(f"'{key}' must have {len(args)} items, got {value!r}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"'{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"'{key}' must be a boolean (true/false), got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"'{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError(f"'{key}' must be a float, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"'{key}' must be a float, got {value!r}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"'{key}' must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "") -> T:
+    """Build the (nested) dataclass ``cls`` from a plain dict, e.g. a parsed YAML file.
+
+    Missing keys keep their defaults. Values are checked against the field annotations
+    (``int``, ``float`` (ints and numeric strings accepted), ``bool``, ``str``, ``Literal``,
+    ``X | None``, ``tuple``/``list``, ``dict``, nested dataclasses); ``__post_init__`` then
+    runs the cross-field checks.
+
+    Args:
+        cls: a ``@dataclass`` type.
+        data: plain dict (``None`` is treated as ``{}``).
+        path: dotted prefix of ``data`` inside the root tree, used in error messages.
+
+    Raises:
+        ValueError: an unknown key (``unknown key 'loss.alhpa_sdpo'; allowed: ...``), a wrong type
+            (``'optim.lr' must be a float, got 'abc'``), or a failed cross-field check.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"'{path or cls.__name__}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise ValueError(
+            f"unknown key '{_join(path, str(unknown[0]))}'; allowed: {', '.join(sorted(fields))}"
+        )
+    kwargs = {name: _coerce(value, hints[name], _join(path, name)) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain dicts/lists/scalars (tuples become lists), ready for ``yaml.safe_dump``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides to a plain config dict; returns a new dict.
+
+    Values are parsed with ``yaml.safe_load`` (``0.2`` -> float, ``true`` -> bool, ``null`` -> None,
+    ``[0.9, 0.95]`` -> list, anything else a string). Missing intermediate mappings are created;
+    unknown keys are reported later by :func:`from_dict`.
+
+    Raises:
+        ValueError: an override without ``=``, with an empty key, or that descends into a non-mapping.
+    """
+    out = copy.deepcopy(data) if data is not None else {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ValueError(f"override {item!r} must look like 'key.sub=value' (e.g. 'loss.alpha_sdpo=0.2')")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ValueError(
+                    f"override {item!r}: '{'.'.join(parts[: i + 1])}' is {child!r}, not a mapping"
+                )
+            node = child
+        node[parts[-1]] = value
+    return out

@@ -1,0 +1,220 @@
+"""Per-step training data: which prompts and which DPO pairs a rank trains on at a given step.
+
+The choice is a pure function of ``(seed, step, rank)`` drawn with a local ``random.Random``
+(seeded from a string, so it is stable across processes and Python hash seeds). A resumed run
+therefore needs no data cursor: step ``k`` after a restart sees exactly the data it would have seen.
+Within one epoch-sized window the draw is without replacement, so small datasets are still covered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "TrainingData",
+    "MixedEnvironment",
+    "build_training_data",
+    "prompts_for_step",
+    "pairs_for_step",
+    "step_rng",
+    "pair_to_dict",
+]
+
+
+@dataclass(kw_only=True)
+class TrainingData:
+    """What the student trains on.
+
+    ``environment`` scores sampled actions (``composer_replication.rollout.Environment``:
+    ``score(prompt, action_text) -> Score``); ``prompts`` are ``rollout.Prompt`` records sampled
+    for channels 1 and 2; ``pairs`` are channel-3 preference pairs, either
+    ``composer_replication.types.DPOPair`` dicts (``chosen``/``rejected`` action texts) or
+    ``replaysim.NormalizedDPOPair`` records (``chosen_messages``/``rejected_messages``).
+    """
+
+    environment: Any
+    """The reward environment (``score(prompt, action_text) -> Score``)."""
+    prompts: list[Any] = field(default_factory=list)
+    """Training prompts (``rollout.Prompt``); may be empty only when ``pairs`` is not."""
+    pairs: list[Any] = field(default_factory=list)
+    """Channel-3 pairs (``DPOPair`` dicts or ``NormalizedDPOPair``); may be empty."""
+    eval_prompts: list[Any] | None = None
+    """Held-out prompts for ``evaluate``; ``None`` means the first few training prompts."""
+
+    def __post_init__(self) -> None:
+        if self.environment is None or not hasattr(self.environment, "score"):
+            raise ValueError(
+                f"'environment' must have a score(prompt, action_text) method, got {self.environment!r}"
+            )
+        if not self.prompts and not self.pairs:
+            raise ValueError("TrainingData needs at least one prompt or one pair; got neither")
+
+
+class MixedEnvironment:
+    """Several environments behind one: each prompt is scored by the environment that offered it.
+
+    Routing is by ``prompt.prompt_id`` (so it survives pickling to another process).
+
+    Raises:
+        ValueError: no environments, or two environments offer the same ``prompt_id``.
+    """
+
+    name = "mixed"
+
+    def __init__(self, environments: Sequence[Any]) -> None:
+        if not environments:
+            raise ValueError("MixedEnvironment needs at least one environment")
+        self.environments = list(environments)
+        self._prompts: list[Any] = []
+        self._route: dict[str, Any] = {}
+        for env in self.environments:
+            for prompt in env.prompts():
+                if prompt.prompt_id in self._route:
+                    raise ValueError(
+                        f"prompt_id {prompt.prompt_id!r} is offered by both {self._route[prompt.prompt_id].name!r} "
+                        f"and {env.name!r}; prompt ids must be unique across mixed environments"
+                    )
+                self._route[prompt.prompt_id] = env
+                self._prompts.append(prompt)
+
+    def prompts(self) -> list[Any]:
+        """The prompts of every environment, in order."""
+        return list(self._prompts)
+
+    def score(self, prompt: Any, action_text: str) -> Any:
+        """Score with the environment that offered ``prompt`` (``KeyError`` for an unknown prompt id)."""
+        try:
+            env = self._route[prompt.prompt_id]
+        except KeyError:
+            raise KeyError(f"MixedEnvironment: no environment offers prompt_id {prompt.prompt_id!r}") from None
+        return env.score(prompt, action_text)
+
+
+def build_training_data(
+    environment: str,
+    *,
+    states: Sequence[dict[str, Any]] | None = None,
+    pairs: Sequence[Any] | None = None,
+    tasks: Sequence[Any] | None = None,
+    num_eval_prompts: int = 0,
+    seed: int = 0,
+) -> TrainingData:
+    """Build :class:`TrainingData` for a ``RolloutConfig.environment`` name.
+
+    Args:
+        environment: ``"next_action"`` (needs ``states``), ``"python_tasks"`` (``tasks``, default the
+            bundled ones) or ``"mixed"`` (both).
+        states: ``TraceState`` dicts for next-action prediction.
+        pairs: channel-3 pairs (``DPOPair`` dicts or ``NormalizedDPOPair``); their ``chosen`` actions also
+            become the reference actions of their states.
+        tasks: ``rollout.PythonTask`` records.
+        num_eval_prompts: prompts held out for ``evaluate`` (drawn with ``seed``; never trained on).
+        seed: seed of the held-out draw.
+
+    Raises:
+        ValueError: an unknown environment, ``next_action`` without states, or more held-out prompts than exist.
+    """
+    from composer_replication import rollout as R
+
+    pairs = list(pairs or [])
+    envs: list[Any] = []
+    if environment not in ("next_action", "python_tasks", "mixed"):
+        raise ValueError(
+            f"'rollout.environment' must be 'next_action', 'python_tasks' or 'mixed', got {environment!r}"
+        )
+    if environment in ("next_action", "mixed"):
+        if not states:
+            raise ValueError(f"environment {environment!r} needs trace states; pass states=[TraceState, ...]")
+        envs.append(R.NextActionEnvironment(states, [_pair_with_chosen_text(p) for p in pairs]))
+    if environment in ("python_tasks", "mixed"):
+        envs.append(R.PythonTaskEnvironment(list(tasks) if tasks is not None else None))
+    env = envs[0] if len(envs) == 1 else MixedEnvironment(envs)
+    prompts = env.prompts()
+    if not 0 <= num_eval_prompts < max(1, len(prompts)):
+        raise ValueError(
+            f"'num_eval_prompts' must be in [0, {len(prompts)}) for {len(prompts)} prompts, got {num_eval_prompts}"
+        )
+    held = set(random.Random(f"eval:{seed}").sample(range(len(prompts)), num_eval_prompts))
+    return TrainingData(
+        environment=env,
+        prompts=[p for i, p in enumerate(prompts) if i not in held],
+        pairs=pairs,
+        eval_prompts=[p for i, p in enumerate(prompts) if i in held] or None,
+    )
+
+
+def _pair_with_chosen_text(pair: Any) -> dict[str, Any]:
+    from composer_replication.training.replay import pair_texts
+
+    rec = pair_to_dict(pair)
+    _, chosen, rejected = pair_texts(pair)
+    return {**rec, "chosen": chosen, "rejected": rejected}
+
+
+def step_rng(seed: int, step: int, rank: int, stream: str) -> random.Random:
+    """A private ``random.Random`` for ``(seed, step, rank, stream)``; no global state is touched."""
+    return random.Random(f"{stream}:{seed}:{step}:{rank}")
+
+
+def _indices_for_step(n: int, k: int, *, seed: int, step: int, rank: int, stream: str) -> list[int]:
+    """``k`` indices into ``range(n)``: without replacement when ``k <= n``, else whole shuffled passes."""
+    if n == 0 or k == 0:
+        return []
+    rng = step_rng(seed, step, rank, stream)
+    out: list[int] = []
+    while len(out) < k:
+        take = min(n, k - len(out))
+        out.extend(rng.sample(range(n), take))
+    return out
+
+
+def prompts_for_step(
+    data: TrainingData, step: int, *, rank: int = 0, prompts_per_step: int, seed: int
+) -> list[Any]:
+    """The prompts rank ``rank`` samples at ``step``: a deterministic function of ``(seed, step, rank)``.
+
+    Raises:
+        ValueError: ``step`` or ``rank`` is negative, or ``prompts_per_step < 0``.
+    """
+    _check_args(step, rank, prompts_per_step, "prompts_per_step")
+    idx = _indices_for_step(
+        len(data.prompts), prompts_per_step, seed=seed, step=step, rank=rank, stream="prompts"
+    )
+    return [data.prompts[i] for i in idx]
+
+
+def pairs_for_step(
+    data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
+) -> list[Any]:
+    """The channel-3 pairs rank ``rank`` trains on at ``step`` (deterministic from ``(seed, step, rank)``).
+
+    Raises:
+        ValueError: ``step`` or ``rank`` is negative, or ``pairs_per_step < 0``.
+    """
+    _check_args(step, rank, pairs_per_step, "pairs_per_step")
+    idx = _indices_for_step(len(data.pairs), pairs_per_step, seed=seed, step=step, rank=rank, stream="pairs")
+    return [data.pairs[i] for i in idx]
+
+
+def _check_args(step: int, rank: int, count: int, name: str) -> None:
+    if step < 0:
+        raise ValueError(f"'step' must be >= 0, got {step}")
+    if rank < 0:
+        raise ValueError(f"'rank' must be >= 0, got {rank}")
+    if count < 0:
+        raise ValueError(f"'{name}' must be >= 0, got {count}")
+
+
+def pair_to_dict(pair: Any) -> dict[str, Any]:
+    """A pair (``DPOPair`` dict or ``NormalizedDPOPair`` dataclass) as a plain JSON-able dict."""
+    if dataclasses.is_dataclass(pair) and not isinstance(pair, type):
+        return dataclasses.asdict(pair)
+    if isinstance(pair, dict):
+        return dict(pair)
+    if hasattr(pair, "to_dict"):
+        return dict(pair.to_dict())
+    raise TypeError(f"a pair must be a DPOPair dict or a NormalizedDPOPair, got {type(pair).__name__}")

@@ -1,0 +1,412 @@
+"""The single-process student trainer: rollouts -> rewards -> hints -> three-channel loss -> AdamW step.
+
+:class:`StudentTrainerCore` is the whole training engine of one replica, with no Monarch in it.
+The Monarch ``StudentTrainer`` actor (``meshes/trainer.py``) wraps each method in an endpoint, and
+``training.loop.run_plain`` drives it in a plain process. One step (:meth:`StudentTrainerCore.train_step`):
+
+1. the prompts of ``(seed, step, rank)`` (``training.data.prompts_for_step``);
+2. ``rollout.sample_rollouts``: G samples per prompt with their sampling log-probs, seeded from
+   ``(seed, step, rank)``;
+3. ``environment.score`` per sample (reward, error kind) -> ``rollout.assemble_batch``: channel 1
+   (GRPO keys) and channel 2 (hinted teacher sequences at error sites);
+4. the step's channel-3 pairs, tokenized, with the frozen reference's summed log-probs (no grad);
+5. ``loss.compose_loss`` -> backward -> clip -> AdamW -> LR scheduler -> TAID ``update_t``.
+
+Everything random is derived from ``(seed, step, rank)``, so ``state_dict`` (model, optimizer,
+scheduler, TAID, RNG, step) is enough for a resumed run to reproduce an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from composer_replication.training.config import StudentConfig, resolve_device, resolve_dtype
+from composer_replication.training.data import TrainingData, pairs_for_step, prompts_for_step
+from composer_replication.training.evaluate import greedy_texts, reward_stats
+from composer_replication.training.replay import add_reference_logprobs, build_replay_batch
+
+__all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
+
+log = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+
+
+def derive_seed(seed: int, step: int, rank: int, stream: str = "sample") -> int:
+    """A 63-bit seed from ``(seed, step, rank, stream)``, stable across processes and platforms."""
+    digest = hashlib.sha256(f"{stream}:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def build_lr_lambda(*, warmup_steps: int, num_steps: int, scheduler: str):
+    """The LR multiplier ``f(s)`` for ``LambdaLR`` (``s`` = optimizer steps taken so far).
+
+    Linear warm-up ``(s + 1) / (warmup_steps + 1)`` for ``s < warmup_steps``, then ``constant`` 1,
+    ``linear`` decay to 0 at ``num_steps``, or ``cosine`` decay to 0 at ``num_steps``.
+    """
+
+    def lr_lambda(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / (warmup_steps + 1)
+        if scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup_steps) / max(1, num_steps - warmup_steps))
+        if scheduler == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return lr_lambda
+
+
+class StudentTrainerCore:
+    """One student replica: model, frozen reference, AdamW, LR schedule, TAID schedule, data.
+
+    Args:
+        config: the student's configuration.
+        data: environment, prompts and pairs (see :class:`~composer_replication.training.data.TrainingData`).
+        rank: this replica's global rank (changes its data and sampling seeds).
+        world_size: number of replicas (reported; data is drawn per rank).
+        local_rank: GPU index for ``device="auto"`` (default: ``LOCAL_RANK`` env, else 0).
+
+    Attributes:
+        model: the trained causal LM (train mode). ``reference``: its frozen initial copy (eval, no grad).
+        tokenizer, optimizer (AdamW), scheduler (``LambdaLR``), taid (``TAIDScheduler`` or ``None``),
+        device, step (optimizer steps completed).
+
+    Raises:
+        ValueError: ``rank``/``world_size`` out of range, or a bad config value (naming the key).
+    """
+
+    def __init__(
+        self,
+        config: StudentConfig,
+        *,
+        data: TrainingData,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int | None = None,
+    ) -> None:
+        from composer_replication.models import load_model_and_tokenizer
+
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.config = config
+        self.data = data
+        self.rank = rank
+        self.world_size = world_size
+        self.device = resolve_device(config.device, local_rank=local_rank)
+        self.dtype = resolve_dtype(config.dtype)
+        self.model, self.tokenizer = load_model_and_tokenizer(
+            config.model, seed=config.seed, dtype=self.dtype, device=self.device
+        )
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.model.train()
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            build_lr_lambda(warmup_steps=o.warmup_steps, num_steps=config.num_steps, scheduler=o.scheduler),
+        )
+        self.taid = None
+        if config.loss.sdpo_wrapper == "taid":
+            from composer_replication.distillation import TAIDScheduler
+
+            L = config.loss
+            self.taid = TAIDScheduler(
+                config.num_steps, t_start=L.taid_t_start, t_end=L.taid_t_end, alpha=L.taid_alpha, beta=L.taid_beta
+            )
+        self.step = 0
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Run optimizer step ``step`` (0-based) and return its metrics.
+
+        Metrics (floats): every loss channel under its true name from ``LossComponents.detached()``
+        (``grpo`` or ``lm_ce``, ``sdpo_jsd``, ``trace_replay_dpo``, ``total``) plus the loss's own
+        metrics; ``reward_mean``, ``reward_std``, ``error_rate``, ``n_rollouts``, ``n_error_sites``
+        (rollouts whose score names an error kind), ``n_hinted`` (channel-2 teacher rows), ``n_pairs``,
+        the ``rollout/*`` statistics of ``rollout.rollout_stats``, ``tokens`` (real tokens of every
+        sequence in the loss: student, teacher, pairs), ``tokens_per_s``, ``lr`` (used by this step),
+        ``grad_norm`` (before clipping), ``taid_t`` (TAID only: the ``t`` this step used),
+        ``sample_time_s`` (sampling, scoring, reference passes) and ``step_time_s``.
+
+        With no prompts (pairs only), channel 1 falls back to LM cross-entropy on the chosen responses.
+
+        Raises:
+            ValueError: ``step < 0``, or the step has neither prompts nor pairs.
+            FloatingPointError: the total loss is not finite (the weights are left untouched).
+        """
+        if step < 0:
+            raise ValueError(f"'step' must be >= 0, got {step}")
+        if step != self.step:
+            log.warning("train_step(%d) called after %d completed steps; the LR schedule follows calls", step,
+                        self.step)
+        t0 = time.perf_counter()
+        batch, info = self._build_batch(step)
+        t_sampled = time.perf_counter()
+        metrics = self._optimize(batch, step)
+        metrics.update(info)
+        elapsed = time.perf_counter() - t0
+        metrics["sample_time_s"] = t_sampled - t0
+        metrics["step_time_s"] = elapsed
+        metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
+        self.step = step + 1
+        return metrics
+
+    def _build_batch(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Channels 1+2 from rollouts, channel 3 from pairs; all tensors on ``self.device``."""
+        cfg, r = self.config, self.config.rollout
+        prompts = prompts_for_step(self.data, step, rank=self.rank, prompts_per_step=r.prompts_per_step,
+                                   seed=cfg.seed)
+        batch: dict[str, torch.Tensor] = {}
+        info: dict[str, float] = {**reward_stats([]), "n_rollouts": 0.0, "n_error_sites": 0.0, "n_hinted": 0.0}
+        del info["n_scored"]
+        if prompts:
+            batch, rinfo = self._rollout_batch(prompts, seed=derive_seed(cfg.seed, step, self.rank))
+            info.update(rinfo)
+        pairs = pairs_for_step(self.data, step, rank=self.rank, pairs_per_step=r.pairs_per_step, seed=cfg.seed)
+        replay, skipped = build_replay_batch(self.tokenizer, pairs, max_seq_len=cfg.max_seq_len)
+        info["n_pairs"] = float(len(pairs) - skipped)
+        if replay:
+            replay = {k: v.to(self.device) for k, v in replay.items()}
+            if cfg.loss.dpo_variant == "dpo":
+                add_reference_logprobs(replay, self.reference, chunk_size=cfg.loss.chunk_size)
+            batch.update(replay)
+            if "input_ids" not in batch:  # pairs only: channel 1 is LM cross-entropy on the chosen side
+                for key in ("input_ids", "attention_mask", "response_mask"):
+                    batch[key] = replay[f"dpo_chosen_{key}"]
+        if not batch:
+            raise ValueError(
+                f"step {step} has neither prompts nor pairs; give TrainingData prompts, or pairs with "
+                "rollout.pairs_per_step > 0"
+            )
+        return batch, info
+
+    def _rollout_batch(self, prompts: list[Any], *, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        from composer_replication import rollout as R
+
+        cfg, r = self.config, self.config.rollout
+        rollouts = R.sample_rollouts(
+            self.model, self.tokenizer, prompts, num_generations=r.num_generations,
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=seed,
+            chunk_size=cfg.loss.chunk_size,
+        )
+        scores = R.score_texts(self.data.environment, prompts, rollouts.prompt_index, rollouts.texts)
+        batch = R.assemble_batch(self.tokenizer, rollouts, scores, prompts=prompts,
+                                 scale_rewards=cfg.loss.scale_rewards, enable_sdpo=cfg.loss.alpha_sdpo > 0)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        if cfg.loss.kl_beta > 0:
+            from composer_replication.loss import token_logprobs_for
+
+            with torch.no_grad():
+                ref = token_logprobs_for(self.reference, batch["input_ids"], batch["attention_mask"],
+                                         response_mask=batch["response_mask"], chunk_size=cfg.loss.chunk_size)
+            batch["ref_logprobs"] = ref.float()  # [B, T], 0 off the response
+        info = reward_stats(scores)
+        info["n_rollouts"] = info.pop("n_scored")
+        info["n_error_sites"] = float(sum(1 for s in scores if s.error_kind))
+        info["n_hinted"] = float(batch["ctx_teacher_input_ids"].shape[0]) if "ctx_teacher_input_ids" in batch else 0.0
+        info.update(R.rollout_stats(rollouts, scores, batch))
+        return batch, info
+
+    def _optimize(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+        from composer_replication.loss import compose_loss
+
+        L, o = self.config.loss, self.config.optim
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        comps = compose_loss(
+            self.model, batch, alpha_sdpo=L.alpha_sdpo, beta_replay=L.beta_replay, sdpo_jsd_beta=L.sdpo_jsd_beta,
+            sdpo_temperature=L.sdpo_temperature, sdpo_token_clip=L.sdpo_token_clip, replay_dpo_beta=L.replay_dpo_beta,
+            lm_ce_label_smoothing=L.lm_ce_label_smoothing, dpo_variant=L.dpo_variant, sdpo_wrapper=L.sdpo_wrapper,
+            taid_t=self.taid.t if self.taid is not None else None, simpo_beta=L.simpo_beta, simpo_gamma=L.simpo_gamma,
+            entropy_opd_h_max=L.entropy_opd_h_max,
+            grpo=L.grpo_config(max_completion_length=self.config.rollout.max_new_tokens),
+            sdpo_top_k=L.sdpo_top_k, chunk_size=L.chunk_size, dpo_label_smoothing=L.dpo_label_smoothing,
+        )
+        if not torch.isfinite(comps.total.detach()):
+            raise FloatingPointError(
+                f"step {step}: the total loss is {float(comps.total)} ({comps.detached()}); lower optim.lr or "
+                "check the batch"
+            )
+        comps.total.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics = comps.detached()
+        metrics.update({k: _to_float(v) for k, v in comps.metrics.items()})
+        if self.taid is not None:
+            metrics["taid_t"] = self.taid.t  # the t this step's loss used
+            if "ctx_teacher_input_ids" in batch:
+                self.taid.update_t(comps.sdpo_jsd.detach(), global_step=step)
+        metrics["lr"] = lr
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["tokens"] = float(_count_tokens(batch))
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[Any] | None = None, *, greedy: bool = True) -> dict[str, float]:
+        """Mean reward of one answer per prompt (greedy by default) on held-out or fixed prompts.
+
+        Args:
+            prompts: defaults to ``data.eval_prompts``, else the first ``rollout.prompts_per_step``
+                training prompts (a fixed set, so evaluations are comparable across steps).
+            greedy: greedy decoding; ``False`` samples one answer at the rollout temperature with a
+                fixed seed.
+
+        Returns:
+            ``eval/reward_mean``, ``eval/reward_std``, ``eval/error_rate``, ``eval/n_scored``.
+        """
+        from composer_replication import rollout as R
+
+        if prompts is None:
+            prompts = self.data.eval_prompts or self.data.prompts[: self.config.rollout.prompts_per_step]
+        if not prompts:
+            return reward_stats([], prefix="eval/")
+        r = self.config.rollout
+        if greedy:
+            texts = greedy_texts(self.model, self.tokenizer, prompts, max_new_tokens=r.max_new_tokens)
+            index = list(range(len(prompts)))
+        else:
+            rollouts = R.sample_rollouts(
+                self.model, self.tokenizer, prompts, num_generations=1, max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature, top_p=r.top_p, seed=derive_seed(self.config.seed, 0, self.rank, "eval"),
+                chunk_size=self.config.loss.chunk_size,
+            )
+            texts, index = rollouts.texts, rollouts.prompt_index
+        scores = R.score_texts(self.data.environment, prompts, index, texts)
+        return reward_stats(scores, prefix="eval/")
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: model, optimizer, scheduler, TAID, torch RNG states, step.
+
+        Sampling and data draws use seeds derived from ``(seed, step, rank)`` and no Python
+        ``random`` global state, so there is no data cursor to save.
+
+        The frozen reference is not saved: it is re-created from the config (same model, same seed).
+        """
+        return {
+            "version": _STATE_VERSION,
+            "step": self.step,
+            "model": self.get_weights(),  # CPU clones; tied tensors saved once
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "taid": self.taid.state_dict() if self.taid is not None else None,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                # only this replica's GPU: get_rng_state_all would open a context on every GPU
+                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (also restores the process's torch CPU/CUDA RNG states).
+
+        Raises:
+            ValueError: a key is missing, the version is unknown, or TAID use differs from the config.
+        """
+        missing = [k for k in ("version", "step", "model", "optimizer", "scheduler", "taid", "rng") if k not in state]
+        if missing:
+            raise ValueError(f"trainer state is missing keys {missing}; was it written by StudentTrainerCore?")
+        if state["version"] != _STATE_VERSION:
+            raise ValueError(f"trainer state version {state['version']} is not supported (expected {_STATE_VERSION})")
+        if (state["taid"] is None) != (self.taid is None):
+            raise ValueError(
+                "checkpoint and config disagree on loss.sdpo_wrapper == 'taid'; resume with the run's config.yaml"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.taid is not None:
+            self.taid.load_state_dict(state["taid"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.step = int(state["step"])
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The model's ``state_dict`` (parameters and buffers) cloned to CPU, for weight sync / DiLoCo.
+
+        Tied tensors (e.g. ``lm_head.weight`` and ``embed_tokens.weight``) stay one shared CPU tensor
+        under both names, so they are copied and pickled once.
+        """
+        out: dict[str, torch.Tensor] = {}
+        clones: dict[tuple[int, int], torch.Tensor] = {}
+        for k, v in self.model.state_dict().items():
+            key = (v.data_ptr(), v.numel())
+            if key not in clones:
+                clones[key] = v.detach().to("cpu", copy=True)
+            out[k] = clones[key]
+        return out
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load weights in place (e.g. after an outer step); the optimizer state is kept.
+
+        Raises:
+            ValueError: keys or shapes differ from the model's, or two names of one tied tensor
+                carry different values.
+        """
+        own = self.model.state_dict()
+        missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        if missing or extra:
+            raise ValueError(f"set_weights: missing keys {missing[:5]}, unexpected keys {extra[:5]}")
+        bad = [k for k in own if tuple(own[k].shape) != tuple(weights[k].shape)]
+        if bad:
+            raise ValueError(f"set_weights: shape mismatch for {bad[:5]} (e.g. {bad[0]}: model "
+                             f"{tuple(own[bad[0]].shape)}, got {tuple(weights[bad[0]].shape)})")
+        first: dict[tuple[int, int], str] = {}
+        for k, v in own.items():
+            key = (v.data_ptr(), v.numel())
+            if key in first:
+                if weights[k] is not weights[first[key]] and not torch.equal(weights[k], weights[first[key]]):
+                    raise ValueError(
+                        f"set_weights: {k!r} and {first[key]!r} are one tied tensor in the model but got "
+                        "different values; send the same tensor under both names"
+                    )
+                continue
+            first[key] = k
+        with torch.no_grad():
+            for k in first.values():
+                own[k].copy_(weights[k].to(device=own[k].device, dtype=own[k].dtype))
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _to_float(v: Any) -> float:
+    if isinstance(v, torch.Tensor):
+        return float(v.detach().float().item())
+    return float(v)
+
+
+def _count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    total = 0
+    for key in ("attention_mask", "ctx_teacher_attention_mask", "dpo_chosen_attention_mask",
+                "dpo_rejected_attention_mask"):
+        if key in batch:
+            total += int(batch[key].sum())
+        elif key == "attention_mask" and "input_ids" in batch:
+            total += batch["input_ids"].numel()
+    return total
