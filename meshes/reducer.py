@@ -1,0 +1,87 @@
+"""The ``Reducer`` actor: averages tensors and metrics across trainer replicas.
+
+The averaging itself is two plain functions (:func:`mean_tensors`, :func:`mean_metrics`), unit-tested
+without Monarch; the actor wraps them. DiLoCo (next issue) averages pseudo-gradients with
+``average``; the recipe already folds per-replica step metrics with ``aggregate_metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from monarch.actor import Actor, current_rank, endpoint
+
+from meshes.supervision import names_rank
+
+__all__ = ["Reducer", "mean_tensors", "mean_metrics"]
+
+
+def mean_tensors(replicas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Elementwise mean of ``{name: tensor}`` dicts, one per replica (float64 accumulation, input dtype out).
+
+    Raises:
+        ValueError: no replicas, or replicas with different names or shapes.
+    """
+    import torch
+
+    if not replicas:
+        raise ValueError("mean_tensors needs at least one replica's tensors, got none")
+    names = list(replicas[0])
+    for i, rep in enumerate(replicas[1:], start=1):
+        if list(rep) != names:
+            raise ValueError(f"replica {i} sends names {sorted(rep)[:5]}..., replica 0 sends {sorted(names)[:5]}...")
+    out: dict[str, Any] = {}
+    for name in names:
+        shapes = {tuple(rep[name].shape) for rep in replicas}
+        if len(shapes) != 1:
+            raise ValueError(f"tensor {name!r} has different shapes across replicas: {sorted(shapes)}")
+        acc = torch.zeros(replicas[0][name].shape, dtype=torch.float64)
+        for rep in replicas:
+            acc += rep[name].detach().to("cpu", torch.float64)
+        out[name] = (acc / len(replicas)).to(replicas[0][name].dtype)
+    return out
+
+
+def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per-key mean of metric dicts over replicas, ignoring NaN values; counts (``n_*``, ``tokens``) are summed.
+
+    ``tokens_per_s`` is summed too (the replicas run in parallel). A key missing or NaN on every
+    replica gives NaN.
+    """
+    keys: list[str] = []
+    for rep in replicas:
+        keys.extend(k for k in rep if k not in keys)
+    out: dict[str, float] = {}
+    for key in keys:
+        vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
+        if not vals:
+            out[key] = float("nan")
+        elif key.startswith("n_") or key in ("tokens", "tokens_per_s"):
+            out[key] = float(sum(vals))
+        else:
+            out[key] = float(sum(vals) / len(vals))
+    return out
+
+
+class Reducer(Actor):
+    """Averages what the trainer replicas send (one instance; stateless apart from a call counter)."""
+
+    def __init__(self) -> None:
+        self.rank = int(current_rank().rank)
+        self.calls = 0
+
+    @endpoint
+    @names_rank("reducer")
+    def average(self, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+        """:func:`mean_tensors` over the replicas' ``{name: tensor}`` dicts."""
+        self.calls += 1
+        return mean_tensors(replicas)
+
+    @endpoint
+    @names_rank("reducer")
+    def aggregate_metrics(self, replicas: list[dict[str, float]]) -> dict[str, float]:
+        """:func:`mean_metrics` over the replicas' step metrics."""
+        self.calls += 1
+        return mean_metrics(replicas)

@@ -1,0 +1,375 @@
+"""The Monarch recipe's configuration tree, its presets, and every check that runs before a process is spawned.
+
+``RecipeConfig`` nests the student's :class:`~composer_replication.training.StudentConfig` with the
+recipe's own sections (``data``, ``teachers``, ``mesh``, ``run``). :func:`load_config` reads a preset
+name (``single_node``, ``tiny``, ``gpu_single_node``...) or a YAML path, applies ``key.sub=value``
+overrides, builds the typed tree (unknown keys and wrong types name the dotted key), then
+:func:`check_config` checks files and sizes. All of this happens in the controller, before any mesh.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from composer_replication.training import StudentConfig, apply_overrides, from_dict, to_dict
+
+__all__ = [
+    "REPO_ROOT",
+    "PRESETS_DIR",
+    "DataConfig",
+    "TeachersConfig",
+    "MeshConfig",
+    "RunConfig",
+    "RecipeConfig",
+    "list_presets",
+    "load_config",
+    "check_config",
+    "resolve_path",
+    "session_files",
+    "config_to_yaml",
+    "load_states",
+    "normalize_pairs",
+    "read_pairs",
+    "resume_config",
+    "check_fresh_run_dir",
+    "ledger_spend",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where the traces and tasks come from."""
+
+    sessions: list[str] = field(default_factory=lambda: ["recipes/data/sessions/*.jsonl"])
+    """Trace files or glob patterns (any format ``ingest_any`` reads); relative paths are tried from the
+    current folder, then from the repository root."""
+    max_states: int = 32
+    """Trace states kept (the first ones, in file order) for replay and training."""
+    max_history_tokens: int | None = None
+    """Trim each state's history to this many (approximate) tokens; ``null`` keeps the ingester's default."""
+    tasks: str | None = None
+    """Python tasks JSONL for ``student.rollout.environment`` ``python_tasks``/``mixed``; ``null`` = bundled."""
+    num_eval_prompts: int = 0
+    """Prompts held out for the final evaluation (0: evaluate on the first training prompts)."""
+
+
+@dataclass(kw_only=True)
+class TeachersConfig:
+    """Teacher replay (channel 3 data)."""
+
+    slugs: list[str] = field(default_factory=lambda: ["local:smollm2-135m"])
+    """Teachers: ``local:<model>`` (offline, cost 0) or OpenRouter-style ``author/model`` slugs."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint for every non-local teacher (``null``: OpenRouter; key from ``$OPENROUTER_API_KEY``)."""
+    input_per_mtok: float = 0.0
+    """USD per million prompt tokens of non-local teachers (budget worst case)."""
+    output_per_mtok: float = 0.0
+    """USD per million completion tokens of non-local teachers."""
+    max_total_usd: float = 0.0
+    """Hard spend cap of the replay (0 is fine for local teachers)."""
+    agreement_threshold: int = 1
+    """Teachers that must agree against the student for a pair (use >= 2 with several frontier teachers)."""
+    max_tokens: int = 48
+    """Completion cap per teacher call."""
+    temperature: float = 0.0
+    """Teacher sampling temperature (0: greedy, reproducible)."""
+    seed: int = 0
+    """Teacher sampling seed (kept apart from ``student.seed``, so runs that differ only in the student's
+    seed replay identical requests and can share a ledger)."""
+    timeout_s: float = 120.0
+    """Per-request timeout of HTTP teachers."""
+    normalize: bool = True
+    """Run the replaysim normalizer (``recipes/replaysim/default.yaml``) on the pairs."""
+
+
+@dataclass(kw_only=True)
+class MeshConfig:
+    """Process meshes, timeouts and supervision."""
+
+    num_replicas: int = 1
+    """Trainer replicas (one process each; one GPU each on CUDA machines)."""
+    setup_timeout_s: float = 600.0
+    """Timeout of every ``setup`` call (model loading)."""
+    replay_timeout_s: float = 1800.0
+    """Timeout of the whole teacher replay."""
+    call_timeout_s: float = 600.0
+    """Timeout of every other call (one train step, a checkpoint, the evaluation)."""
+    threads_per_proc: int = 0
+    """``torch.set_num_threads`` in each actor process (0: torch's default)."""
+    inject_fault: str | None = None
+    """Testing aid: ``ACTOR:RANK:STEP:MODE`` (e.g. ``trainer:0:1:exit``) makes that actor raise or exit."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The run folder, checkpoints and display."""
+
+    dir: str = "runs/monarch-{time}"
+    """Run folder; ``{time}`` becomes the start time (``20261130-171500``)."""
+    checkpoint_every: int = 10
+    """Save every N steps (and always after the last step); 0 saves only at the end."""
+    keep_last: int | None = 3
+    """Keep only the newest N checkpoints; ``null`` keeps all."""
+    evaluate: bool = True
+    """Greedy evaluation at the start and at the end (in the summary)."""
+    display: Literal["rich", "plain", "none"] = "rich"
+    """Progress display: ``rich`` (live bar + table), ``plain`` (a line per step) or ``none``."""
+
+
+@dataclass(kw_only=True)
+class RecipeConfig:
+    """Everything ``python -m recipes.monarch.run`` needs (``config.yaml`` of a run holds this tree)."""
+
+    student: StudentConfig = field(default_factory=StudentConfig)
+    """The student trainer (model, device, steps, optimizer, loss, rollouts)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Traces and tasks."""
+    teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    """Teacher replay."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Meshes and timeouts."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run folder and display."""
+
+    def __post_init__(self) -> None:
+        _positive(self.data.max_states, "data.max_states")
+        _positive(self.mesh.num_replicas, "mesh.num_replicas")
+        _positive(self.teachers.agreement_threshold, "teachers.agreement_threshold")
+        _positive(self.teachers.max_tokens, "teachers.max_tokens")
+        for key in ("setup_timeout_s", "replay_timeout_s", "call_timeout_s"):
+            if getattr(self.mesh, key) <= 0:
+                raise ValueError(f"'mesh.{key}' must be > 0 seconds, got {getattr(self.mesh, key)!r}")
+        if self.teachers.agreement_threshold > len(self.teachers.slugs):
+            raise ValueError(
+                f"'teachers.agreement_threshold' ({self.teachers.agreement_threshold}) cannot exceed the number of "
+                f"teachers in 'teachers.slugs' ({len(self.teachers.slugs)}); lower it or add teachers"
+            )
+        if not self.teachers.slugs:
+            raise ValueError("'teachers.slugs' must list at least one teacher (e.g. ['local:smollm2-135m'])")
+        if self.teachers.max_total_usd < 0 or self.teachers.temperature < 0:
+            raise ValueError("'teachers.max_total_usd' and 'teachers.temperature' must be >= 0")
+        if self.run.checkpoint_every < 0:
+            raise ValueError(f"'run.checkpoint_every' must be >= 0, got {self.run.checkpoint_every}")
+        if self.run.keep_last is not None and self.run.keep_last < 1:
+            raise ValueError(f"'run.keep_last' must be >= 1 or null, got {self.run.keep_last}")
+        if self.mesh.inject_fault:
+            from meshes.trainer import FaultSpec
+
+            FaultSpec(self.mesh.inject_fault)
+        r = self.student.rollout
+        if r.max_new_tokens >= self.student.max_seq_len:
+            raise ValueError(
+                f"'student.rollout.max_new_tokens' ({r.max_new_tokens}) must be < 'student.max_seq_len' "
+                f"({self.student.max_seq_len}): prompt and response must fit in one sequence"
+            )
+
+    def teacher_specs(self) -> list[dict[str, Any]]:
+        """The ``TeacherSpec`` list of ``teachers.slugs`` (local teachers cost 0)."""
+        t, out = self.teachers, []
+        for slug in t.slugs:
+            spec: dict[str, Any] = {"slug": slug, "input_per_mtok": 0.0, "output_per_mtok": 0.0,
+                                    "max_tokens": t.max_tokens, "temperature": t.temperature}
+            if not slug.startswith("local:"):
+                spec.update(input_per_mtok=t.input_per_mtok, output_per_mtok=t.output_per_mtok)
+                if t.base_url:
+                    spec["base_url"] = t.base_url
+            out.append(spec)
+        return out
+
+
+def _positive(value: int, key: str) -> None:
+    if value < 1:
+        raise ValueError(f"'{key}' must be >= 1, got {value!r}")
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled presets (``recipes/monarch/configs/*.yaml``)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def resolve_path(path: str) -> Path:
+    """``path`` as given when it exists (absolute or from the current folder), else from the repository root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+
+
+def _read_yaml(preset_or_path: str) -> dict[str, Any]:
+    path = Path(preset_or_path).expanduser()
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = PRESETS_DIR / f"{preset_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(
+            f"--config {preset_or_path!r} is neither a preset nor a YAML file; presets: {', '.join(list_presets())}"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path} must hold a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(preset_or_path: str = "single_node", overrides: list[str] | None = None) -> RecipeConfig:
+    """Read a preset or YAML file, apply ``key.sub=value`` overrides, build and check the typed tree.
+
+    ``run.dir``'s ``{time}`` is filled in here, so the returned config is fully resolved.
+
+    Raises:
+        ValueError: unknown preset, unknown key, wrong type, impossible size, or a missing file (names the key).
+    """
+    data = apply_overrides(_read_yaml(preset_or_path), list(overrides or []))
+    config = from_dict(RecipeConfig, data)
+    config.run.dir = config.run.dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
+    check_config(config)
+    return config
+
+
+def session_files(config: RecipeConfig) -> list[Path]:
+    """The trace files ``data.sessions`` names (globs expanded, sorted, de-duplicated).
+
+    Raises:
+        ValueError: an entry matches no file (names the entry and where it looked).
+    """
+    files: list[Path] = []
+    for entry in config.data.sessions:
+        here = sorted(glob.glob(os.path.expanduser(entry)))
+        found = here or sorted(glob.glob(str(REPO_ROOT / entry)))
+        if not found:
+            raise ValueError(
+                f"'data.sessions' entry {entry!r} matches no file (looked in {Path.cwd()} and {REPO_ROOT}); "
+                "give existing trace files or globs"
+            )
+        files.extend(Path(f) for f in found if Path(f) not in files)
+    return files
+
+
+def check_config(config: RecipeConfig) -> None:
+    """Checks that need the file system: trace files, tasks file, local model folders.
+
+    Raises:
+        ValueError: naming the key and what is allowed.
+    """
+    if not config.data.sessions:
+        raise ValueError("'data.sessions' must list at least one trace file or glob")
+    session_files(config)
+    if config.data.tasks is not None and not resolve_path(config.data.tasks).is_file():
+        raise ValueError(f"'data.tasks' file {config.data.tasks!r} does not exist; give a tasks JSONL or null")
+    model = config.student.model
+    if model not in ("tiny", "smollm2-135m") and not Path(model).expanduser().is_dir():
+        raise ValueError(f"'student.model' must be 'tiny', 'smollm2-135m' or a model folder, got {model!r}")
+    for slug in config.teachers.slugs:
+        name = slug[len("local:"):].strip() if slug.startswith("local:") else None
+        if name and name not in ("tiny", "smollm2-135m") and not Path(name).expanduser().is_dir():
+            raise ValueError(
+                f"'teachers.slugs' entry {slug!r}: local teachers are 'local:tiny', 'local:smollm2-135m' or "
+                "'local:<model folder>'"
+            )
+    if config.student.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"'student.device' is {config.student.device!r} but CUDA is not available; use 'auto'")
+
+
+def config_to_yaml(config: RecipeConfig) -> str:
+    """The resolved config as YAML text (what ``config.yaml`` holds)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------- controller-side data
+
+
+def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
+    """Ingest ``data.sessions`` (any trace format) and keep the first ``data.max_states`` states.
+
+    Raises:
+        ValueError: no state could be read, or ``data.num_eval_prompts`` leaves nothing to train on.
+    """
+    from composer_replication.ingestion import ingest_any
+
+    kwargs: dict[str, Any] = {}
+    if config.data.max_history_tokens is not None:
+        kwargs["max_history_tokens"] = config.data.max_history_tokens
+    states: list[dict[str, Any]] = []
+    for path in session_files(config):
+        for state in ingest_any(path, **kwargs):
+            states.append(dict(state))
+            if len(states) >= config.data.max_states:
+                break
+        if len(states) >= config.data.max_states:
+            break
+    if not states:
+        raise ValueError(f"'data.sessions' {config.data.sessions} gave no trace states; check the files' format")
+    if config.data.num_eval_prompts >= len(states):
+        raise ValueError(
+            f"'data.num_eval_prompts' ({config.data.num_eval_prompts}) must be < the number of trace states "
+            f"({len(states)}); lower it or raise 'data.max_states'"
+        )
+    return states
+
+
+def normalize_pairs(config: RecipeConfig, pairs: list[Any]) -> list[Any]:
+    """The replaysim normalizer over the pairs (``teachers.normalize``; pass-through otherwise)."""
+    from composer_replication.replaysim import DJNormalizer
+
+    return list(DJNormalizer(skip_dj=not config.teachers.normalize).normalize(pairs))
+
+
+def read_pairs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The pairs of a run's ``pairs.jsonl`` as dicts (what the trainers get, on a fresh run and on resume)."""
+    import json
+
+    text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def ledger_spend(path: str | os.PathLike[str]) -> float:
+    """USD recorded in a teacher ledger (JSONL of calls; 0 when absent); what a resumed run reports as spend."""
+    import json
+
+    total = 0.0
+    if Path(path).is_file():
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                total += float((json.loads(line).get("result") or {}).get("cost_usd") or 0.0)
+            except (ValueError, AttributeError):
+                continue
+    return total
+
+
+def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """A fresh run must not write into the folder of an earlier run (its metrics would mix).
+
+    Raises:
+        ValueError: the folder already holds ``metrics.jsonl`` or checkpoints (use ``--resume`` or another ``run.dir``).
+    """
+    path = Path(run_dir)
+    if (path / "metrics.jsonl").is_file() or any((path / "checkpoints").glob("step_*")):
+        raise ValueError(
+            f"'run.dir' {str(path)!r} already holds a run (metrics or checkpoints); continue it with "
+            f"--resume {path}, or choose another run.dir"
+        )
+
+
+def resume_config(run_dir: str, overrides: list[str] | None = None) -> RecipeConfig:
+    """The config of an existing run (its ``config.yaml``) with ``overrides`` applied; ``run.dir`` stays the run.
+
+    Raises:
+        ValueError: the folder has no ``config.yaml``, or a bad override.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"--resume {run_dir!r}: no config.yaml there; give the folder of an earlier run")
+    data = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides or []))
+    data.setdefault("run", {})["dir"] = str(run_dir)
+    config = from_dict(RecipeConfig, data)
+    check_config(config)
+    return config

@@ -1,0 +1,191 @@
+"""Composer-style post-training on Monarch actor meshes, on one node.
+
+    python -m recipes.monarch.run                                   # preset single_node (SmolLM2-135M, CPU ok)
+    python -m recipes.monarch.run --config tiny student.num_steps=4 # any preset or YAML, plus key.sub=value
+    python -m recipes.monarch.run --resume runs/monarch-20261130-171500
+
+Ingest the traces, replay them with the teachers (TeacherReplay actor; pairs stream back as they form),
+normalize the pairs, train the StudentTrainer replicas with all three channels (their metrics folded by
+the Reducer), checkpoint, evaluate, and write the run folder (docs/recipes.md). Exit codes: 0 done,
+1 an actor failed or timed out (named with its rank), 2 bad config (nothing spawned), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from composer_replication.training import RunDir, to_dict
+from meshes import (
+    ActorFailure,
+    Reducer,
+    StudentTrainer,
+    TeacherReplay,
+    install_fault_hook,
+    local_meshes,
+    stream,
+    wait,
+)
+from recipes.monarch.config import (
+    REPO_ROOT,
+    RecipeConfig,
+    check_fresh_run_dir,
+    ledger_spend,
+    load_config,
+    load_states,
+    normalize_pairs,
+    read_pairs,
+    resume_config,
+)
+from recipes.monarch.display import CHANNELS, Display
+
+log = logging.getLogger("recipes.monarch.run")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m recipes.monarch.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="single_node", help="preset name (recipes/monarch/configs) or YAML path")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its latest checkpoint")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. student.num_steps=20")
+    return p.parse_args(argv)
+
+
+def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Display, resuming: bool):
+    """Pairs for channel 3: streamed from the TeacherReplay actor (or read back from pairs.jsonl on resume)."""
+    from monarch.actor import Channel
+
+    if resuming and run.pairs_path.is_file():
+        return read_pairs(run.pairs_path), ledger_spend(run.path / "teacher_ledger.jsonl")
+    port, recv = Channel.open()
+    fut = teacher.replay.call_one(states, port=port, max_total_usd=cfg.teachers.max_total_usd,
+                                  ledger_path=str(run.path / "teacher_ledger.jsonl"))
+    n_pairs = 0
+
+    def on_item(item) -> bool:  # ("pair", p) | ("progress", done, total, usd) | ("done", n, usd)
+        nonlocal n_pairs
+        n_pairs += item[0] == "pair"
+        if item[0] == "progress":
+            display.replay(item[1], item[2], n_pairs, item[3])
+        return item[0] == "done"
+
+    out = stream(recv, fut, actor="teacher", timeout_s=cfg.mesh.replay_timeout_s, what="replay", on_item=on_item)
+    run.write_pairs(normalize_pairs(cfg, out["pairs"]))
+    return read_pairs(run.pairs_path), out["spent_usd"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # ---------------------------------------------------------------- config: every check before any spawn
+    try:
+        cfg = resume_config(args.resume, args.overrides) if args.resume else load_config(args.config, args.overrides)
+        if not args.resume:
+            check_fresh_run_dir(cfg.run.dir)
+        states = load_states(cfg)
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    t0, m = time.perf_counter(), cfg.mesh
+    run = RunDir(cfg.run.dir)
+    run.write_config(to_dict(cfg))
+    display = Display(cfg.run.display, num_steps=cfg.student.num_steps)
+    faults, restore_hook = install_fault_hook()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: finally runs
+    meshes = None
+    try:
+        # ------------------------------------------------------------ meshes and actors
+        display.message(f"run folder {run.path}; spawning meshes ({m.num_replicas} trainer replica(s))")
+        env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        meshes = local_meshes(num_replicas=m.num_replicas, env=env)
+        teacher = meshes.add("teacher", meshes.teacher.spawn("teacher", TeacherReplay))
+        trainer = meshes.add("trainer", meshes.trainer.spawn("trainer", StudentTrainer))
+        reducer = meshes.add("reducer", meshes.reducer.spawn("reducer", Reducer))
+        warm = trainer.warmup.call()  # imports torch in the trainer processes while the teachers replay
+        t = cfg.teachers
+        tinfo = wait(teacher.setup.call_one(
+            cfg.teacher_specs(), agreement_threshold=t.agreement_threshold, max_tokens=t.max_tokens,
+            temperature=t.temperature, seed=t.seed, timeout_s=t.timeout_s,
+            local_device="cuda" if cfg.student.device != "cpu" and _cuda() else "cpu",
+            inject_fault=m.inject_fault, threads=m.threads_per_proc), actor="teacher", timeout_s=m.setup_timeout_s,
+            what="setup")
+        # ------------------------------------------------------------ teacher replay -> pairs
+        display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
+        pairs, spent = replay_pairs(cfg, teacher, states, run, display, resuming=bool(args.resume))
+        display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
+        wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
+        setup = wait(trainer.setup.call(
+            cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
+            num_eval_prompts=cfg.data.num_eval_prompts, inject_fault=m.inject_fault, threads=m.threads_per_proc),
+            actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+        (run.path / "processes.json").write_text(json.dumps(
+            {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
+        start = 0
+        if args.resume:
+            start = min(wait(trainer.load_latest.call(str(run.path)), actor="trainer", timeout_s=m.call_timeout_s,
+                             what="load_latest").values())
+            run.truncate_metrics(start)
+            display.message(f"resumed at step {start}")
+        eval_start = _evaluate(cfg, trainer) if cfg.run.evaluate and start == 0 else None
+        # ------------------------------------------------------------ training loop
+        metrics, nonzero, n = {}, {k: 0 for k in CHANNELS}, cfg.student.num_steps
+        for step in range(start, n):
+            per_rank = wait(trainer.train_step.call(step), actor="trainer", timeout_s=m.call_timeout_s,
+                            what=f"train_step({step})").values()
+            metrics = wait(reducer.aggregate_metrics.call_one(list(per_rank)), actor="reducer",
+                           timeout_s=m.call_timeout_s, what="aggregate_metrics")
+            metrics["teacher_spent_usd"] = spent
+            run.log_metrics(step, metrics)
+            display.step(step, metrics, spent)
+            nonzero.update({k: nonzero[k] + 1 for k in CHANNELS if metrics.get(k, 0.0) not in (0.0, None)})
+            done = step + 1
+            if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == n:
+                wait(trainer.save.call(str(run.path), done, cfg.run.keep_last), actor="trainer",
+                     timeout_s=m.call_timeout_s, what=f"save({done})")
+        # ------------------------------------------------------------ evaluation and summary
+        summary = {
+            "run_dir": str(run.path), "steps": n, "start_step": start, "n_states": len(states),
+            "n_pairs": len(pairs), "teacher_spent_usd": spent, "final_metrics": metrics,
+            "channel_nonzero_steps": {k: v for k, v in nonzero.items() if k in metrics},
+            "eval_start": eval_start, "eval": _evaluate(cfg, trainer) if cfg.run.evaluate else None,
+            "wall_time_s": time.perf_counter() - t0,
+        }
+        run.write_summary(summary)
+        display.summary(summary)
+        return 0
+    except ActorFailure as exc:
+        display.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        display.close()
+        print("interrupted; stopping every mesh (resume with --resume " + str(run.path) + ")", file=sys.stderr)
+        return 130
+    finally:
+        display.close()
+        if meshes is not None:
+            meshes.stop(timeout_s=min(30.0, m.call_timeout_s))
+        run.close()
+        restore_hook()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if faults.failures:
+            log.warning("%d actor failure(s) were reported by Monarch during the run", len(faults.failures))
+
+
+def _evaluate(cfg: RecipeConfig, trainer) -> dict:
+    vals = wait(trainer.evaluate.call(), actor="trainer", timeout_s=cfg.mesh.call_timeout_s, what="evaluate")
+    return dict(vals.values()[0])
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

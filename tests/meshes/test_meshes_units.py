@@ -1,0 +1,102 @@
+"""The mesh helpers that need no process: averaging, fault specs, rank naming, pair collection, failures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from meshes import (
+    FaultSpec,
+    PairCollector,
+    attach_meshes,
+    mean_metrics,
+    mean_tensors,
+    names_rank,
+    replica_dir,
+)
+from meshes.supervision import ActorFailure, to_failure
+
+
+def test_mean_tensors_averages_and_keeps_dtype():
+    a = {"w": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "b": torch.tensor([[1.0]])}
+    b = {"w": torch.tensor([3.0, 4.0], dtype=torch.bfloat16), "b": torch.tensor([[3.0]])}
+    out = mean_tensors([a, b])
+    assert out["w"].dtype == torch.bfloat16 and torch.equal(out["w"], torch.tensor([2.0, 3.0], dtype=torch.bfloat16))
+    assert torch.equal(out["b"], torch.tensor([[2.0]]))
+    assert torch.equal(mean_tensors([a])["b"], a["b"])
+
+
+def test_mean_tensors_rejects_mismatches():
+    with pytest.raises(ValueError, match="at least one replica"):
+        mean_tensors([])
+    with pytest.raises(ValueError, match="different shapes"):
+        mean_tensors([{"w": torch.zeros(2)}, {"w": torch.zeros(3)}])
+    with pytest.raises(ValueError, match="replica 1 sends names"):
+        mean_tensors([{"w": torch.zeros(2)}, {"v": torch.zeros(2)}])
+
+
+def test_mean_metrics_means_sums_counts_and_skips_nan():
+    out = mean_metrics([{"total": 1.0, "n_pairs": 2.0, "tokens_per_s": 10.0, "x": float("nan")},
+                        {"total": 3.0, "n_pairs": 1.0, "tokens_per_s": 5.0, "x": float("nan"), "y": 4.0}])
+    assert out["total"] == 2.0 and out["n_pairs"] == 3.0 and out["tokens_per_s"] == 15.0
+    assert math.isnan(out["x"]) and out["y"] == 4.0
+
+
+def test_fault_spec_parses_and_fires():
+    spec = FaultSpec("trainer:1:3:raise")
+    assert (spec.actor, spec.rank, spec.step, spec.mode) == ("trainer", 1, 3, "raise")
+    spec.maybe_fire("trainer", 0, 3)  # other rank: nothing
+    spec.maybe_fire("teacher", 1, 3)  # other actor: nothing
+    with pytest.raises(RuntimeError, match=r"injected fault \(trainer:1:3:raise\)"):
+        spec.maybe_fire("trainer", 1, 3)
+    for bad in ("trainer:1:3", "bob:0:0:raise", "trainer:a:0:exit", "trainer:0:0:explode"):
+        with pytest.raises(ValueError, match="ACTOR:RANK:STEP:MODE"):
+            FaultSpec(bad)
+
+
+def test_names_rank_wraps_sync_and_async():
+    class A:
+        rank = 3
+
+        @names_rank("trainer")
+        def f(self):
+            raise KeyError("missing thing")
+
+        @names_rank("teacher")
+        async def g(self):
+            raise ValueError("bad\nsecond line")
+
+    with pytest.raises(RuntimeError, match=r"^trainer rank 3: KeyError: 'missing thing'$"):
+        A().f()
+    import asyncio
+
+    with pytest.raises(RuntimeError, match=r"^teacher rank 3: ValueError: bad$"):
+        asyncio.run(A().g())
+
+
+def test_to_failure_classifies_timeouts_and_plain_errors():
+    f = to_failure(TimeoutError(), actor="trainer", what="train_step(3)", timeout_s=5.0)
+    assert isinstance(f, ActorFailure) and f.kind == "timeout" and f.rank is None
+    assert "actor 'trainer' timed out during train_step(3): no answer within 5.0 s" in str(f)
+    g = to_failure(OSError("boom"), actor="reducer")
+    assert g.kind == "raised" and "OSError: boom" in str(g)
+    assert to_failure(f, actor="x") is f
+
+
+def test_pair_collector_emits_when_every_teacher_answered():
+    state = {"state_id": "s", "messages": [{"role": "user", "content": "ls"}],
+             "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}'}
+    coll = PairCollector([state], num_teachers=2, agreement_threshold=2)
+    r = {"state_id": "s", "response_text": '[TOOL_USE] name=Read input={"file_path": "a"}', "error": None,
+         "latency_s": 0.1, "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0}
+    assert coll.add({**r, "teacher_slug": "a"}) == []
+    pairs = coll.add({**r, "teacher_slug": "b"})
+    assert len(pairs) == 1 and pairs[0]["n_teachers_agreeing"] == 2 and "Read" in pairs[0]["chosen"]
+
+
+def test_replica_dir_and_attach():
+    assert str(replica_dir("/r", 0)) == "/r" and str(replica_dir("/r", 2)) == "/r/replicas/rank_2"
+    with pytest.raises(NotImplementedError, match="next issue"):
+        attach_meshes(["tcp://127.0.0.1:1"])
