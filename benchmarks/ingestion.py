@@ -4,7 +4,7 @@ Why: ingestion runs over months of sessions; it must cost about what reading the
 its history building must stay linear in the session length (no per-turn walk or copy of the
 whole history). Target: ingester MB/s >= 0.5x the rate of ``json.loads`` over every line.
 
-    python -m benchmarks.ingestion [--mb 50] [--repeats 3] [--out docs/_bench/ingestion.md]
+    python -m benchmarks.ingestion [--mb 50] [--repeats 3] [--no-record]
 
 A synthetic v2.1-style session is generated in a temp folder (seeded): user prompts, assistant
 turns written one content block per line (text, thinking, tool_use) with tool results of 0.5-8 kB
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from composer_replication.ingestion import ClaudeCodeIngester
+from benchmarks.report import write_section
 
 # ---------------------------------------------------------------------------- synthetic session
 _WORDS = (
@@ -320,7 +321,7 @@ def run(mb: float, repeats: int) -> list[dict]:
 
 
 def to_markdown(rows: list[dict], cmd: str) -> str:
-    """The benchmark page (docs/_bench/ingestion.md)."""
+    """The ingestion section of docs/benchmarks.md."""
     out = [
         "# Ingestion throughput (ClaudeCodeIngester vs bare json.loads)",
         "",
@@ -378,7 +379,9 @@ def main() -> None:
         "--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)"
     )
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (the best is kept)")
-    p.add_argument("--out", default="docs/_bench/ingestion.md", help="markdown page to write ('' to skip)")
+    p.add_argument(
+        "--no-record", action="store_true", help="print only; do not update the ingestion section of docs/benchmarks.md"
+    )
     args = p.parse_args()
     rows = run(args.mb, args.repeats)
     for r in rows:
@@ -387,11 +390,9 @@ def main() -> None:
             f"bare parse {r['parse_mb_s']:.1f} MB/s | "
             f"ingester {r['ingest_mb_s']:.1f} MB/s | ratio {r['ratio']:.2f}x (target >= 0.5x)"
         )
-    if args.out:
+    if not args.no_record:
         cmd = f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}"
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(to_markdown(rows, cmd))
-        print(f"wrote {args.out}")
+        print(f"wrote {write_section('ingestion', to_markdown(rows, cmd))}")
 
 
 if __name__ == "__main__":

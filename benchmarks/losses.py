@@ -15,7 +15,7 @@ Memory: peak RSS of the worker process during one forward + backward, minus its 
 Launch::
 
     python -m benchmarks.losses                       # B=2, T=1024, chunk sizes 1024 and 256
-    python -m benchmarks.losses --chunk-sizes 1024 256 128 --response-frac 1.0 --write docs/_bench/losses.md
+    python -m benchmarks.losses --chunk-sizes 1024 256 128 --response-frac 1.0 --write /tmp/losses.md
 """
 
 from __future__ import annotations

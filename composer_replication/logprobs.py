@@ -47,7 +47,7 @@ PerTokenFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 DEFAULT_CHUNK_SIZE = 256
 """Rows of logits per chunk. At SmolLM2's vocabulary (49152) a float32 chunk is 48 MiB; 256 rows meets the
-memory target of DESIGN 4.5 (1024 rows did not: see docs/_bench/losses.md)."""
+memory target of DESIGN 4.5 (1024 rows did not: see docs/benchmarks.md)."""
 
 
 # ---------------------------------------------------------------------------- model access
