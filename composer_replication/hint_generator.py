@@ -238,11 +238,14 @@ def hint_repeated_failure(ctx: HintContext) -> str:
 
 def hint_other(ctx: HintContext) -> str:
     """Any other failure: a generic hint that quotes the error message when there is one."""
-    tool = _tool(ctx)
-    text = f"Reminder: the call to `{tool}` fails" if tool else "Reminder: the next tool call fails"
-    msg = _message(ctx)
-    text += f" with: {msg}." if msg else "."
-    text += " Check the tool name and each argument before calling it."
+    tool, msg = _tool(ctx), _message(ctx)
+    if tool:
+        text = f"Reminder: the call to `{tool}` fails" + (f" with: {msg}." if msg else ".")
+        text += " Check the tool name and each argument before calling it."
+    elif msg:  # no failing call to name (e.g. no call was made): the message is the hint
+        text = f"Reminder: {msg.rstrip('.')}."
+    else:
+        text = "Reminder: the next tool call fails. Check the tool name and each argument before calling it."
     return text + _intent_sentence(ctx)
 
 

@@ -21,6 +21,9 @@ Failures that a hint can address become error kinds, checked in this order on th
 call: a tool the session does not offer -> ``tool_not_found``; arguments that are not a JSON object
 -> ``json_decode``; an argument whose JSON type differs from the reference call's (or from the tool
 schema, when ``tool_schemas`` is given; a missing required argument counts too) -> ``type_error``.
+When the reference calls a tool and the sample makes no tool call at all (plain text, or a call cut
+off before its ``[TOOL_USE]`` marker), the kind is ``other``, its message naming the offered tools and
+the call form: the most common failure of a small model, and the one a hint fixes most directly.
 
 Offered tools are the state's ``tools``; when a state has none, the tools called in its history and
 in the reference stand in. When even those are empty, any syntactically valid name is accepted.
@@ -149,6 +152,13 @@ class NextActionEnvironment:
 
     def _error(self, prompt: Prompt, calls: list[ActionBlock], ref_calls: list[ActionBlock]
                ) -> tuple[str | None, dict[str, Any] | None]:
+        if ref_calls and not calls:
+            avail = ", ".join(f"`{t}`" for t in prompt.tools) or "one of the session's tools"
+            message = (f"this step needs a tool call and the answer makes none; call {avail} "
+                       "as [TOOL_USE] name=<tool> input={<JSON arguments>}")
+            meta: dict[str, Any] = {"error_kind": "other", "error_message": message,
+                                    "available_tools": list(prompt.tools), "intent": _intent(prompt.messages)}
+            return "other", meta
         ref_by_name = {c.name: c for c in ref_calls if c.arguments_valid}
         for c in calls:
             if not self._offered(prompt, c.name):

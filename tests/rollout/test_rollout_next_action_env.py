@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from composer_replication.actions import ActionBlock
+from composer_replication.hint_generator import dispatch
 from composer_replication.rollout.environment import Environment, Prompt, Score, score_texts
 from composer_replication.rollout.next_action import (
     NextActionEnvironment,
@@ -108,9 +109,19 @@ def test_error_order_first_failing_call():
     assert s.error_kind == "json_decode"
 
 
-def test_text_answer_to_a_tool_reference_gets_nothing():
+def test_text_answer_to_a_tool_reference_gets_nothing_and_is_an_error_site():
     s = score("I will read the file now.")
-    assert s.reward == 0.0 and s.error_kind is None
+    assert s.reward == 0.0 and s.error_kind == "other"
+    meta = s.error_meta
+    assert meta["available_tools"] == TOOLS and "tool_name" not in meta
+    assert "needs a tool call" in meta["error_message"] and "[TOOL_USE] name=<tool>" in meta["error_message"]
+    hint = dispatch("other", meta)
+    assert hint.startswith("Reminder: this step needs a tool call") and "`Read`" in hint
+    assert "Your goal: Open a.py and fix the bug." in hint
+
+
+def test_text_answer_to_a_text_reference_is_not_an_error_site():
+    assert score("Done, the tests pass.", state(action="The tests pass now.")).error_kind is None
 
 
 def test_plain_text_reference_scored_by_token_f1():
