@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from composer_replication.ingestion import ClaudeCodeIngester
 from benchmarks.report import write_section
+from composer_replication.ingestion import ClaudeCodeIngester
 
 # ---------------------------------------------------------------------------- synthetic session
 _WORDS = (

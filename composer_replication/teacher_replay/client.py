@@ -137,6 +137,13 @@ class ChatCompletionsClient:
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
         self._rng = random.Random()
+        self._urls: dict[str, httpx.URL] = {}  # parsed once per endpoint: httpx re-parses a str per request
+
+    def _parsed_url(self, url: str) -> httpx.URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        return parsed
 
     def __repr__(self) -> str:
         return f"ChatCompletionsClient(api_key={self._key!r}, timeout_s={self.timeout_s})"
@@ -155,10 +162,11 @@ class ChatCompletionsClient:
     async def complete(self, url: str, body: dict[str, Any]) -> CallOutcome:
         """Send ``body`` to ``url`` until success, a final error, or retries run out."""
         outcome = CallOutcome()
+        target = self._parsed_url(url)
         for attempt in range(self.max_retries + 1):
             outcome.attempts = attempt + 1
             try:
-                outcome.text, outcome.usage = await self._attempt(url, body)
+                outcome.text, outcome.usage = await self._attempt(target, body)
                 return outcome
             except _Final as exc:
                 outcome.error, outcome.stop = scrub(str(exc), self._key), exc.stop
@@ -178,7 +186,7 @@ class ChatCompletionsClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _attempt(self, url: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    async def _attempt(self, url: httpx.URL, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
         try:
             resp = await self._http.post(url, json=body, headers=self._headers(), timeout=self.timeout_s)
         except httpx.TimeoutException as exc:

@@ -2,7 +2,9 @@
 
 ``replay_trace`` asks every teacher for the next action at every state and returns one
 :class:`TeacherCallResult` per (state, teacher), in (state, teacher) order. Remote calls share ONE
-``httpx.AsyncClient``; a global semaphore (``max_concurrency``) and a per-teacher one
+``httpx.AsyncClient``, on an :class:`~.transport.AsyncioHTTP11Transport` with ``max_concurrency``
+connections (httpx's stock transport when a proxy variable is set; see :meth:`TeacherReplayer`'s
+``http_client``); a global semaphore (``max_concurrency``) and a per-teacher one
 (``per_teacher_concurrency``, or the teacher's own ``max_concurrency``) bound the calls in flight.
 The budget (:mod:`.budget`) is reserved before each call; the ledger (:mod:`.ledger`) records each
 finished call so a killed replay resumes without paying twice. ``local:<model>`` teachers generate
@@ -40,7 +42,7 @@ from composer_replication.teacher_replay.specs import (
     validate_states,
     validate_teachers,
 )
-from composer_replication.teacher_replay.transport import ShardedTransport
+from composer_replication.teacher_replay.transport import AsyncioHTTP11Transport, proxy_env_set
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
 
 __all__ = ["ReplayProgress", "TeacherReplayer", "replay_trace", "replay_trace_sync"]
@@ -87,7 +89,10 @@ class TeacherReplayer:
         max_tokens: completion cap per call (a teacher's ``max_tokens`` wins); also the budget's worst case.
         temperature / seed: sent when set (a teacher's own values win); local teachers default to 0.7 / 0.
         http_client: an ``httpx.AsyncClient`` (used as is, not closed) or an ``httpx.AsyncBaseTransport``
-            (e.g. ``httpx.MockTransport``) to build the shared client on.
+            (e.g. ``httpx.MockTransport``) to build the shared client on. Default: a client on an
+            :class:`~.transport.AsyncioHTTP11Transport` (``max_concurrency`` connections); when
+            ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` (any case) is set, a stock
+            ``httpx.AsyncClient`` instead, which honours the proxy (ours does not speak proxies).
         backoff_base_s / max_backoff_s / max_retry_after_s: retry timing (see :mod:`.client`).
         local_device: device of ``local:`` teachers.
         local_teachers: ``slug -> LocalTeacher`` to reuse (e.g. a model already loaded by another
@@ -188,8 +193,14 @@ class TeacherReplayer:
             return None, False
         if isinstance(self._http_arg, httpx.AsyncClient):
             return self._http_arg, False
-        transport = self._http_arg or ShardedTransport(self.max_concurrency)
-        return httpx.AsyncClient(transport=transport), True
+        if self._http_arg is not None:
+            return httpx.AsyncClient(transport=self._http_arg), True
+        if proxy_env_set():  # httpx's stock transport routes through the proxy; ours does not speak it
+            limits = httpx.Limits(
+                max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
+            )
+            return httpx.AsyncClient(limits=limits), True
+        return httpx.AsyncClient(transport=AsyncioHTTP11Transport(self.max_concurrency)), True
 
     # ------------------------------------------------------------------ one call
 
@@ -340,10 +351,12 @@ class _Run:
     ) -> None:
         slug, sid = teacher["slug"], state["state_id"]
         body = self.rp._body(teacher, messages)
-        req_hash = request_sha256(body)
-        hit = self.ledger.lookup(sid, slug, req_hash) if self.ledger is not None else None
-        if hit is not None:
-            return self.finish(idx, hit, from_ledger=True)
+        req_hash = ""
+        if self.ledger is not None:  # the canonical-JSON hash is only needed to find / record the call
+            req_hash = request_sha256(body)
+            hit = self.ledger.lookup(sid, slug, req_hash)
+            if hit is not None:
+                return self.finish(idx, hit, from_ledger=True)
         async with self.teacher_sem[slug], self.global_sem:
             if slug in self.stopped:
                 return self.finish(idx, make_result(sid, slug, error=STOPPED_PREFIX + self.stopped[slug]))
