@@ -7,7 +7,7 @@ ideal in the same run, and reports the achieved rate as a fraction of the ideal 
 The fake server runs in a separate process (so its Python threads do not share the client's GIL),
 unless ``--in-process``. Also measured: the same replay with a ledger (fsync per call).
 
-    python -m benchmarks.replay            # prints a table, writes docs/_bench/replay.md
+    python -m benchmarks.replay            # prints a table, updates its section of docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.fake_openai_server import FakeOpenAIServer
+from benchmarks.report import write_section
 from composer_replication.teacher_replay import replay_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +93,7 @@ def _calibrate() -> float:
 
 
 def main() -> None:
-    """Run the benchmark, print the table and write docs/_bench/replay.md."""
+    """Run the benchmark, print the table and update the replay section of docs/benchmarks.md."""
     ap = argparse.ArgumentParser(description="teacher-replay throughput vs the ideal")
     ap.add_argument("--states", type=int, default=300, help="trace states")
     ap.add_argument("--teachers", type=int, default=3, help="teachers per state")
@@ -100,9 +101,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32, help="max calls in flight")
     ap.add_argument("--repeats", type=int, default=3, help="runs per row (best is reported)")
     ap.add_argument("--in-process", action="store_true", help="run the fake server in this process")
-    ap.add_argument(
-        "--out", type=Path, default=REPO / "docs" / "_bench" / "replay.md", help="markdown output"
-    )
+    ap.add_argument("--no-record", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
 
     calls = args.states * args.teachers
@@ -171,9 +170,8 @@ def main() -> None:
         f"Target: achieved rate >= {TARGET:.2f} x the ideal rate: **{'met' if ok else 'not met'}**.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(md))
-    print(f"wrote {args.out}")
+    if not args.no_record:
+        print(f"wrote {write_section('replay', chr(10).join(md))}")
 
 
 if __name__ == "__main__":
