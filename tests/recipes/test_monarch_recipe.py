@@ -7,12 +7,16 @@ folder (so they skip the replay: ``--resume`` reads ``pairs.jsonl`` back).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
-from recipe_helpers import alive, run_recipe, session_overrides
+from recipe_helpers import REPO, alive, run_recipe, session_overrides
 
 from composer_replication.training import load_checkpoint
 from composer_replication.training.checkpoint import atomic_write_text
@@ -110,3 +114,34 @@ def test_teacher_failure_names_the_teacher(tmp_path, mode, text):
     assert rc == 1, out[-3000:]
     assert f"actor 'teacher' rank 0 {text}" in out
     assert wall < 120
+
+
+def test_ctrl_c_stops_every_mesh_and_keeps_the_run_resumable(tmp_path):
+    """SIGINT mid-training: the controller exits 130, names --resume, and no actor process survives."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "recipes.monarch.run", "--config", "tiny", f"run.dir={run_dir}",
+           "run.display=plain", "student.num_steps=500", "run.checkpoint_every=1", *session_overrides()]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    assert f"interrupted; stopping every mesh (resume with --resume {run_dir})" in out
+    pids = json.loads((run_dir / "processes.json").read_text())
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in [pids["teacher"], *pids["trainer"]]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in [pids["teacher"], *pids["trainer"]]), pids
+    assert (run_dir / "checkpoints" / "latest").exists()
