@@ -34,11 +34,11 @@ from composer_replication.ingestion.history import (
     ERROR_PREFIX,
     NO_RESULT,
     SYSTEM_PROMPT,
+    BaseIngester,
     HistoryWindow,
     IngestionStats,
     gc_paused,
     iter_jsonl,
-    make_token_counter,
     parts_to_text,
     tool_message,
 )
@@ -75,7 +75,7 @@ def is_subagent_file(path: Path) -> bool:
     return path.name.startswith("agent-") or path.parent.name == "subagents"
 
 
-class ClaudeCodeIngester:
+class ClaudeCodeIngester(BaseIngester):
     """Convert a Claude Code session JSONL into a stream of TraceStates, one per assistant turn.
 
     Args:
@@ -100,16 +100,13 @@ class ClaudeCodeIngester:
         max_history_tokens: int | None = None,
         tokenizer: Any = None,
     ) -> None:
-        if max_history_tokens is not None and max_history_tokens <= 0:
-            raise ValueError(
-                f"max_history_tokens={max_history_tokens} must be a positive number of tokens, or None to keep whole histories"
-            )
-        self.system_prompt = system_prompt
+        super().__init__(
+            system_prompt=system_prompt,
+            strip_thinking=strip_thinking,
+            max_history_tokens=max_history_tokens,
+            tokenizer=tokenizer,
+        )
         self.skip_sidechain = skip_sidechain
-        self.strip_thinking = strip_thinking
-        self.max_history_tokens = max_history_tokens
-        self._count = make_token_counter(tokenizer)
-        self.last_stats = IngestionStats()
 
     # ------------------------------------------------------------------ public API
     def ingest(self, path: str | Path) -> Iterator[TraceState]:

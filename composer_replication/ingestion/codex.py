@@ -32,9 +32,8 @@ from composer_replication.ingestion.errors import (
 )
 from composer_replication.ingestion.history import (
     NO_RESULT,
-    SYSTEM_PROMPT,
+    BaseIngester,
     IngestionStats,
-    make_token_counter,
     parts_to_text,
     read_jsonl,
     tool_call,
@@ -50,7 +49,7 @@ _OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output", "local_shell
 _ROLLOUT_TYPES = ("session_meta", "turn_context", "response_item", "event_msg", "compacted")
 
 
-class CodexIngester:
+class CodexIngester(BaseIngester):
     """Convert a Codex CLI rollout JSONL (current or legacy layout) into TraceStates.
 
     Args: as :class:`~composer_replication.ingestion.claude_code.ClaudeCodeIngester`
@@ -58,24 +57,6 @@ class CodexIngester:
     """
 
     source = "codex"
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        strip_thinking: bool = True,
-        max_history_tokens: int | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        if max_history_tokens is not None and max_history_tokens <= 0:
-            raise ValueError(
-                f"max_history_tokens={max_history_tokens} must be a positive number of tokens, or None"
-            )
-        self.system_prompt = system_prompt
-        self.strip_thinking = strip_thinking
-        self.max_history_tokens = max_history_tokens
-        self._count = make_token_counter(tokenizer)
-        self.last_stats = IngestionStats()
 
     def ingest(self, path: str | Path) -> Iterator[TraceState]:
         """Yield one TraceState per assistant turn; ``state_id = f"{path.stem}::{idx:04d}"``."""

@@ -23,6 +23,7 @@ __all__ = [
     "NO_RESULT",
     "ERROR_PREFIX",
     "IngestionStats",
+    "BaseIngester",
     "media_placeholder",
     "parts_to_text",
     "tool_call",
@@ -450,3 +451,41 @@ def _slow_line(raw: bytes, stats: IngestionStats) -> Any:
 def read_jsonl(path: Path, stats: IngestionStats) -> list[Any]:
     """:func:`iter_jsonl` as a list."""
     return list(iter_jsonl(path, stats))
+
+
+class BaseIngester:
+    """The options every ingester shares, validated once.
+
+    Args:
+        system_prompt: the system message of each state's history (formats that record their own
+            system prompt keep it; see each ingester).
+        strip_thinking: drop thinking blocks from the history (``student_action`` keeps them).
+        max_history_tokens: drop the oldest non-system messages until the history fits (``None``:
+            keep whole histories). Counted with ``tokenizer`` when given, else estimated.
+        tokenizer: anything with ``encode(str) -> list[int]`` (a Hugging Face tokenizer).
+
+    Raises:
+        ValueError: ``max_history_tokens`` is not a positive number (or ``None``).
+    """
+
+    source = ""
+
+    def __init__(
+        self,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        strip_thinking: bool = True,
+        max_history_tokens: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        if max_history_tokens is not None and max_history_tokens <= 0:
+            raise ValueError(
+                f"max_history_tokens={max_history_tokens} must be a positive number of tokens, "
+                "or None to keep whole histories"
+            )
+        self.system_prompt = system_prompt
+        self.strip_thinking = strip_thinking
+        self.max_history_tokens = max_history_tokens
+        self._count = make_token_counter(tokenizer)
+        self.last_stats = IngestionStats()
+

@@ -25,9 +25,8 @@ from composer_replication.ingestion.errors import (
 )
 from composer_replication.ingestion.history import (
     NO_RESULT,
-    SYSTEM_PROMPT,
+    BaseIngester,
     IngestionStats,
-    make_token_counter,
     parts_to_text,
     read_jsonl,
     tool_call,
@@ -267,7 +266,7 @@ def load_conversations(path: Path, stats: IngestionStats) -> list[tuple[list, di
     return [c for r in records for c in _from_doc(r)]
 
 
-class OpenAIMessagesIngester:
+class OpenAIMessagesIngester(BaseIngester):
     """Convert OpenAI chat-messages files (see module docstring) into TraceStates.
 
     Args: ``system_prompt`` (used only when a conversation has no system message),
@@ -276,26 +275,6 @@ class OpenAIMessagesIngester:
     """
 
     source = "openai"
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        strip_thinking: bool = True,
-        max_history_tokens: int | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        if max_history_tokens is not None and max_history_tokens <= 0:
-            raise ValueError(
-                f"max_history_tokens={max_history_tokens} must be a positive number of tokens, or None"
-            )
-        self.system_prompt, self.strip_thinking, self.max_history_tokens = (
-            system_prompt,
-            strip_thinking,
-            max_history_tokens,
-        )
-        self._count = make_token_counter(tokenizer)
-        self.last_stats = IngestionStats()
 
     def builder(self, stats: IngestionStats) -> ConversationBuilder:
         """A :class:`ConversationBuilder` with this ingester's settings."""
