@@ -7,10 +7,10 @@ stay as they were measured. A section that is not there yet is appended.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from composer_replication.atomic import atomic_write_text
 
 BENCHMARKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
@@ -44,8 +44,5 @@ def write_section(name: str, markdown: str, page: Path = BENCHMARKS_PAGE) -> Pat
         text = head + block + tail
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
-    fd, tmp = tempfile.mkstemp(dir=page.parent, prefix=".benchmarks.", suffix=".md")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, page)
+    atomic_write_text(page, text)
     return page

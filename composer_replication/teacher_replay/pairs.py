@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from composer_replication.actions import canonical_action
+from composer_replication.atomic import atomic_write_text
 from composer_replication.types import DPOPair, TeacherCallResult, TraceState
 
 __all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs"]
@@ -104,19 +104,7 @@ def extract_dpo_pairs(
 
 def save_pairs(pairs: Sequence[DPOPair], path: str | os.PathLike[str]) -> None:
     """Write ``pairs`` as JSONL atomically (temp file in the same folder, fsync, rename); creates parents."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for p in pairs:
-                fh.write(json.dumps(dict(p), ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, "".join(json.dumps(dict(p), ensure_ascii=False) + "\n" for p in pairs))
 
 
 def load_pairs(path: str | os.PathLike[str]) -> list[DPOPair]:

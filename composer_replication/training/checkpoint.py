@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from composer_replication.atomic import atomic_write_text, fsync_dir
+
 __all__ = [
     "CHECKPOINTS_DIR",
     "save_checkpoint",
@@ -43,35 +45,6 @@ _NAME = re.compile(r"^step_(\d{6,})$")
 def _checkpoints_root(run_dir_or_path: Any) -> Path:
     path = Path(getattr(run_dir_or_path, "path", run_dir_or_path))
     return path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def checkpoint_step(path: str | os.PathLike[str]) -> int:
@@ -119,7 +92,7 @@ def save_checkpoint(
             json.dump(meta, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # re-saving the same step (e.g. after a resume): move the old one aside
             old = Path(tempfile.mkdtemp(prefix=f".old-{name}-", dir=root))
             os.replace(final, old / name)
@@ -127,7 +100,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_text(root / _LATEST, name + "\n")

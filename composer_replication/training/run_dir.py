@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from composer_replication.training.checkpoint import CHECKPOINTS_DIR, atomic_write_text
+from composer_replication.atomic import atomic_write_text
+from composer_replication.training.checkpoint import CHECKPOINTS_DIR
 from composer_replication.training.data import pair_to_dict
 
 __all__ = ["RunDir"]

@@ -18,8 +18,8 @@ import pytest
 import torch
 from recipe_helpers import REPO, alive, run_recipe, session_overrides
 
+from composer_replication.atomic import atomic_write_text
 from composer_replication.training import load_checkpoint
-from composer_replication.training.checkpoint import atomic_write_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.monarch]
 
