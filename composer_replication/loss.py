@@ -41,7 +41,7 @@ from composer_replication.logprobs import (
 )
 from composer_replication.opsd import generalized_jsd_per_token
 
-__all__ = ["LossComponents", "compose_loss", "token_logprobs_for", "sequence_logprobs_for"]
+__all__ = ["LossComponents", "compose_loss", "self_distillation_loss", "token_logprobs_for", "sequence_logprobs_for"]
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +371,56 @@ def compose_loss(
     return LossComponents(
         lm_ce=policy, sdpo_jsd=distill, trace_replay_dpo=replay, total=total, policy_name=name, metrics=metrics
     )
+
+
+def self_distillation_loss(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    *,
+    sdpo_jsd_beta: float = 0.5,
+    sdpo_temperature: float = 1.0,
+    sdpo_token_clip: float | None = None,
+    sdpo_wrapper: Literal["none", "taid", "entropy_opd"] = "none",
+    taid_t: float | None = None,
+    entropy_opd_h_max: float | None = None,
+    sdpo_top_k: int | None = None,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Channel 2 of :func:`compose_loss` alone: no channel-1 loss is computed, so no lm_head pass is wasted.
+
+    For trainers that compute the policy loss themselves (``ComposerReplicationTrainer`` on TRL's GRPO).
+    Same code path and same options as ``compose_loss``'s channel 2: one student forward over
+    ``input_ids`` and one teacher forward (no grad) over ``ctx_teacher_input_ids``, compared at the
+    positions that predict the same response tokens.
+
+    Args:
+        model: causal LM whose logits are ``lm_head(hidden)``.
+        inputs: ``input_ids [B, T]``, ``response_mask [B, T]``, optional ``attention_mask [B, T]``, and the
+            channel-2 keys ``ctx_teacher_input_ids [B2, Tt]``, ``sdpo_loss_mask [B2, Tt]`` (rows aligned with
+            the student's when ``sdpo_*_index`` are absent), optional ``ctx_teacher_attention_mask``,
+            ``sdpo_student_index [N, 2]``, ``sdpo_teacher_index [N, 2]``, ``sdpo_token_weight [N]``.
+        The options: as in :func:`compose_loss`.
+
+    Returns:
+        ``(loss, metrics)``: the scalar token-mean divergence and ``{"sdpo/num_tokens": N, ...}``.
+
+    Raises:
+        ValueError: missing keys, bad shapes, mismatched student/teacher tokens, bad options.
+    """
+    _check_options("dpo", sdpo_wrapper, taid_t, 1.0, 0.0, 0.0, chunk_size)
+    ids = _get(inputs, "input_ids", what="(student token ids [B, T])")
+    if ids.dim() != 2:
+        raise ValueError(f"inputs['input_ids'] must be [B, T]; got shape {tuple(ids.shape)}")
+    resp = _get(inputs, "response_mask", ids.shape, "(1 on response tokens)")
+    _get(inputs, "ctx_teacher_input_ids", what="(hinted teacher token ids [B2, Tt])")
+    head = output_head(model)
+    metrics: dict[str, float] = {}
+    student = _Seqs(model, ids, _attn(inputs, "attention_mask", ids), head, chunk_size)
+    fn = _distill_fn(
+        sdpo_wrapper, jsd_beta=sdpo_jsd_beta, temperature=sdpo_temperature, token_clip=sdpo_token_clip,
+        top_k=sdpo_top_k, taid_t=taid_t, h_max=entropy_opd_h_max,
+    )
+    return _distill(model, student, inputs, resp, fn, head, chunk_size, metrics), metrics
 
 
 def token_logprobs_for(

@@ -7,7 +7,7 @@
 - Channel 2 (SDPO/OPSD, arXiv 2601.20802 / 2601.18734): the generalized JSD between the policy on the
   sampled completion and the same model, without gradient, on ``prompt + [hint as a user turn] +
   the same completion tokens``. Token mean over the distilled tokens. Computed by the loss library
-  (``composer_replication.loss.compose_loss``, its channel 2) on the rows that have a hint.
+  (``composer_replication.loss.self_distillation_loss``, channel 2 of ``compose_loss`` alone) on the rows that have a hint.
 - Channel 3 (DPO, arXiv 2305.18290): the sigmoid DPO loss (``composer_replication.dpo.dpo_loss``) over
   ``(prompt, chosen, rejected)`` pairs, log-probs from ``composer_replication.loss.sequence_logprobs_for``,
   reference log-probs computed once at generation time.
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from composer_replication.dpo import dpo_loss
-from composer_replication.loss import compose_loss, sequence_logprobs_for
+from composer_replication.loss import self_distillation_loss, sequence_logprobs_for
 from composer_replication.trainer.chat_format import (
     build_hinted_teacher_sequence,
     build_prompt_ids,
@@ -234,8 +234,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _compute_sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Token-mean generalized JSD between the policy and the hinted teacher on the same tokens.
 
-        The rows with a nonzero ``sdpo_loss_mask`` go through ``composer_replication.loss.compose_loss``
-        (its channel 2, the loss library's code path): student ``prompt_ids + completion_ids``
+        The rows with a nonzero ``sdpo_loss_mask`` go through ``composer_replication.loss.self_distillation_loss``
+        (channel 2 of ``compose_loss`` alone, the loss library's code path): student ``prompt_ids + completion_ids``
         ``[b, Tp + Tc]`` with ``response_mask = [0 | completion_mask]``, teacher ``ctx_teacher_input_ids``
         ``[b, Tt]`` with ``sdpo_loss_mask``.
 
@@ -243,7 +243,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             A scalar (``0`` when the channel is off or no row has a hint).
 
         Raises:
-            ValueError: (from ``compose_loss``) a row's student and teacher response tokens differ.
+            ValueError: (from ``self_distillation_loss``) a row's student and teacher response tokens differ.
         """
         device = inputs["completion_ids"].device
         if self.alpha_sdpo == 0 or "sdpo_loss_mask" not in inputs:
@@ -258,15 +258,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
             "response_mask": torch.cat([torch.zeros_like(prompt_mask), completion_mask], 1)[rows],
             **{k: inputs[k][rows] for k in ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")},
         }
-        parts = compose_loss(
-            model, sub, alpha_sdpo=1.0, beta_replay=0.0, sdpo_jsd_beta=self.sdpo_jsd_beta,
-            sdpo_temperature=self.sdpo_temperature, sdpo_token_clip=self.sdpo_token_clip,
-            chunk_size=self.loss_chunk_size,
+        loss, metrics = self_distillation_loss(
+            model, sub, sdpo_jsd_beta=self.sdpo_jsd_beta, sdpo_temperature=self.sdpo_temperature,
+            sdpo_token_clip=self.sdpo_token_clip, chunk_size=self.loss_chunk_size,
         )
-        loss = parts.sdpo_jsd
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["composer/sdpo_jsd"].append(float(loss.detach()))
-        self._metrics[mode]["composer/sdpo_tokens"].append(parts.metrics.get("sdpo/num_tokens", 0.0))
+        self._metrics[mode]["composer/sdpo_tokens"].append(metrics.get("sdpo/num_tokens", 0.0))
         return loss
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:

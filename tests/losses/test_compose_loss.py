@@ -11,7 +11,13 @@ import torch.nn.functional as F
 from composer_replication.distillation import entropy_aware_opd_per_token, simpo_loss, taid_per_token
 from composer_replication.dpo import dpo_loss, per_token_logprobs, sequence_logprobs
 from composer_replication.grpo import GRPOLossConfig, grpo_loss
-from composer_replication.loss import LossComponents, compose_loss, sequence_logprobs_for, token_logprobs_for
+from composer_replication.loss import (
+    LossComponents,
+    compose_loss,
+    self_distillation_loss,
+    sequence_logprobs_for,
+    token_logprobs_for,
+)
 from composer_replication.opsd import generalized_jsd_per_token
 
 # ---------------------------------------------------------------------------- hand-made batches
@@ -337,3 +343,23 @@ def _drop(b, *keys):
 def test_batch_errors(model, mutate, match):
     with pytest.raises(ValueError, match=match):
         compose_loss(model, mutate(make_batch()))
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_self_distillation_loss_is_channel_2_alone(model, chunk):
+    b = make_batch(dpo=False)
+    full = compose_loss(model, b, alpha_sdpo=1.0, beta_replay=0.0, sdpo_jsd_beta=0.3, chunk_size=chunk)
+    full.sdpo_jsd.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    loss, metrics = self_distillation_loss(model, b, sdpo_jsd_beta=0.3, chunk_size=chunk)
+    assert torch.equal(loss.detach(), full.sdpo_jsd.detach())
+    assert metrics["sdpo/num_tokens"] == full.metrics["sdpo/num_tokens"] > 0
+    loss.backward()
+    for n, p in model.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-6, atol=1e-7, msg=n)
+    with pytest.raises(ValueError, match="ctx_teacher_input_ids"):
+        self_distillation_loss(model, _drop(b, "ctx_teacher_input_ids"))
+    with pytest.raises(ValueError, match="sdpo_wrapper"):
+        self_distillation_loss(model, b, sdpo_wrapper="bogus")
