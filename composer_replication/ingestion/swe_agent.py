@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from composer_replication.ingestion.history import SYSTEM_PROMPT, IngestionStats
+from composer_replication.ingestion.history import IngestionStats
 from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester, normalize_message
 from composer_replication.types import TraceState
 
@@ -51,31 +50,15 @@ def _crlf(m: dict) -> dict:
     return m
 
 
-class SWEAgentIngester:
+class SWEAgentIngester(OpenAIMessagesIngester):
     """Convert a SWE-agent ``.traj`` into TraceStates (``source="swe_agent"``).
 
     Args: ``system_prompt`` (used only when the trajectory records none), ``strip_thinking``,
-    ``max_history_tokens``, ``tokenizer``, as for ``ClaudeCodeIngester``.
+    ``max_history_tokens``, ``tokenizer``, as for ``ClaudeCodeIngester``. A trajectory's ``history`` is
+    OpenAI-style messages, so the conversation is built by :class:`OpenAIMessagesIngester`'s builder.
     """
 
     source = "swe_agent"
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        strip_thinking: bool = True,
-        max_history_tokens: int | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        self._inner = OpenAIMessagesIngester(
-            system_prompt=system_prompt,
-            strip_thinking=strip_thinking,
-            max_history_tokens=max_history_tokens,
-            tokenizer=tokenizer,
-        )
-        self._inner.source = self.source
-        self.last_stats = IngestionStats()
 
     def ingest(self, path: str | Path) -> Iterator[TraceState]:
         """Yield one TraceState per step; ``state_id = f"{path.stem}::{idx:04d}"``."""
@@ -110,7 +93,7 @@ class SWEAgentIngester:
         extra_actions = [
             (step_action(s), str(s.get("observation") or "").replace("\r\n", "\n")) for s in extra
         ]
-        builder = self._inner.builder(stats)
+        builder = self.builder(stats)
         for idx, state in enumerate(builder.build(messages, extra_actions=extra_actions)):
             state["state_id"] = f"{path.stem}::{idx:04d}"
             stats.n_states_emitted += 1
