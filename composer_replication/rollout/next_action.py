@@ -156,9 +156,7 @@ class NextActionEnvironment:
             avail = ", ".join(f"`{t}`" for t in prompt.tools) or "one of the session's tools"
             message = (f"this step needs a tool call and the answer makes none; call {avail} "
                        "as [TOOL_USE] name=<tool> input={<JSON arguments>}")
-            meta: dict[str, Any] = {"error_kind": "other", "error_message": message,
-                                    "available_tools": list(prompt.tools), "intent": _intent(prompt.messages)}
-            return "other", meta
+            return "other", self._meta(prompt, None, "other", message)
         ref_by_name = {c.name: c for c in ref_calls if c.arguments_valid}
         for c in calls:
             if not self._offered(prompt, c.name):
@@ -172,11 +170,14 @@ class NextActionEnvironment:
                 return "type_error", self._meta(prompt, c, "type_error", f"Tool '{c.name}': {problem}")
         return None, None
 
-    def _meta(self, prompt: Prompt, call: ActionBlock, kind: str, message: str) -> dict[str, Any]:
-        meta: dict[str, Any] = {"error_kind": kind, "error_message": message, "tool_name": call.name,
+    def _meta(self, prompt: Prompt, call: ActionBlock | None, kind: str, message: str) -> dict[str, Any]:
+        """The hint context of an error; ``call`` is the failing call (``None``: no call was made)."""
+        meta: dict[str, Any] = {"error_kind": kind, "error_message": message,
                                 "available_tools": list(prompt.tools), "intent": _intent(prompt.messages)}
-        if call.name in self.tool_schemas:
-            meta["tool_schema"] = self.tool_schemas[call.name]
+        if call is not None:
+            meta["tool_name"] = call.name
+            if call.name in self.tool_schemas:
+                meta["tool_schema"] = self.tool_schemas[call.name]
         return meta
 
 
