@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from composer_replication.atomic import atomic_writer
 from composer_replication.ingestion.claude_code import is_subagent_file
 from composer_replication.ingestion.history import IngestionStats
 from composer_replication.ingestion.registry import FORMATS, detect_format, make_ingester
@@ -58,6 +57,23 @@ def _files(paths: list[str]) -> tuple[list[Path], list[str]]:
     return files, missing
 
 
+class _NothingRead(Exception):
+    """No input file could be read: the output is discarded."""
+
+
+def _total_row(total: IngestionStats, n_read: int, n_states: int, n_subagent: int) -> tuple[str, ...]:
+    return (
+        "TOTAL",
+        f"{n_read} files",
+        str(n_states),
+        str(total.n_records_total),
+        str(total.n_records_skipped),
+        str(total.skipped_truncated_lines),
+        str(total.n_errors),
+        f"{n_subagent} subagent files skipped" if n_subagent else "",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 when at least one file was read)."""
     args = _parser().parse_args(argv)
@@ -66,14 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     files, missing = _files(args.paths)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     table = Table(title="ingestion")
     for col in ("file", "format", "states", "records", "skipped", "truncated", "errors", "note"):
         table.add_column(col, justify="left" if col in ("file", "format", "note") else "right")
     total, n_read, n_states, n_subagent, problems = IngestionStats(), 0, 0, 0, list(missing)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as sink:
+        with atomic_writer(out) as sink:
             for f in files:
                 if args.format in ("auto", "claude_code") and f.suffix == ".jsonl" and is_subagent_file(f):
                     n_subagent += 1
@@ -105,31 +119,19 @@ def main(argv: list[str] | None = None) -> int:
                     str(st.n_errors),
                     note,
                 )
-        table.add_row(
-            "TOTAL",
-            f"{n_read} files",
-            str(n_states),
-            str(total.n_records_total),
-            str(total.n_records_skipped),
-            str(total.skipped_truncated_lines),
-            str(total.n_errors),
-            f"{n_subagent} subagent files skipped" if n_subagent else "",
-        )
-        if n_read == 0:
-            os.unlink(tmp)
-            console.print(table)
-            for line in problems:
-                console.print(f"[red]cannot read[/red] {line}")
-            reason = "no input files found" if not files and not missing else "no file could be read"
-            if n_subagent:
-                reason += f" ({n_subagent} subagent files skipped)"
-            print(f"error: {reason}; nothing written to {out}", file=sys.stderr)
-            return 1
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+            if n_read == 0:
+                raise _NothingRead  # discards the (empty) output: nothing is written
+    except _NothingRead:
+        table.add_row(*_total_row(total, n_read, n_states, n_subagent))
+        console.print(table)
+        for line in problems:
+            console.print(f"[red]cannot read[/red] {line}")
+        reason = "no input files found" if not files and not missing else "no file could be read"
+        if n_subagent:
+            reason += f" ({n_subagent} subagent files skipped)"
+        print(f"error: {reason}; nothing written to {out}", file=sys.stderr)
+        return 1
+    table.add_row(*_total_row(total, n_read, n_states, n_subagent))
     console.print(table)
     for line in problems:
         console.print(f"[yellow]skipped[/yellow] {line}")

@@ -30,3 +30,21 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path, m
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_atomic_writer_replaces_only_when_the_block_succeeds(tmp_path):
+    from composer_replication.atomic import atomic_writer
+
+    target = tmp_path / "out.jsonl"
+    target.write_text("old\n")
+    with atomic_writer(target) as fh:
+        fh.write("a\n")
+        assert target.read_text() == "old\n"  # nothing visible until the block ends
+        fh.write("b\n")
+    assert target.read_text() == "a\nb\n"
+    with pytest.raises(RuntimeError, match="discard"):
+        with atomic_writer(target) as fh:
+            fh.write("partial\n")
+            raise RuntimeError("discard")
+    assert target.read_text() == "a\nb\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
