@@ -3,19 +3,22 @@
 Each side is ``prompt(state_messages) + response(action text)`` built with the shared chat format's
 ``build_prompt_ids`` / ``build_response_ids`` (so prompts tokenize exactly as rollouts do), right
 padded with the tokenizer's pad id. The reference model's **summed** response log-probs are added
-by :func:`add_reference_logprobs` (no grad), as ``dpo_variant="dpo"`` requires.
+by :func:`add_reference_logprobs` (no grad, one batched pass), or by a
+:class:`ReferenceLogprobCache`, which a training loop keeps so that a pair drawn again in a later step
+costs no reference forward pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["pair_texts", "build_replay_batch", "add_reference_logprobs"]
+__all__ = ["pair_texts", "build_replay_batch", "add_reference_logprobs", "ReferenceLogprobCache"]
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +132,48 @@ def add_reference_logprobs(batch: dict[str, torch.Tensor], reference: torch.nn.M
     lp = sequence_logprobs_for(reference, ids, resp, attn, chunk_size=chunk_size).detach().float()  # [2P]
     batch["dpo_chosen_ref_logprobs"] = lp[:P]
     batch["dpo_rejected_ref_logprobs"] = lp[P:]
+
+
+class ReferenceLogprobCache:
+    """Summed reference response log-probs per sequence, computed once per distinct sequence.
+
+    The reference is frozen, so a sequence's value never changes; pairs are redrawn step after step, so
+    a training loop keeps one cache and pays one reference forward pass per distinct sequence. Each
+    sequence is scored alone (``[1, T]``, no padding), so its value does not depend on which other pairs
+    share its step: a resumed run, whose cache starts empty, recomputes exactly the same numbers.
+    Keys are digests of the sequence's tokens and response mask (16 bytes each).
+
+    Args:
+        reference: the frozen reference model.
+        chunk_size: rows per chunk of the log-prob kernel (``None`` = naive).
+    """
+
+    def __init__(self, reference: torch.nn.Module, *, chunk_size: int | None) -> None:
+        self.reference = reference
+        self.chunk_size = chunk_size
+        self._values: dict[bytes, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @torch.no_grad()
+    def fill(self, batch: dict[str, torch.Tensor]) -> None:
+        """Add ``dpo_{chosen,rejected}_ref_logprobs [P]`` (float32) to a :func:`build_replay_batch` batch."""
+        from composer_replication.loss import sequence_logprobs_for
+
+        for side in ("chosen", "rejected"):
+            ids, attn = batch[f"dpo_{side}_input_ids"], batch[f"dpo_{side}_attention_mask"]
+            resp = batch[f"dpo_{side}_response_mask"]
+            values = []
+            for row in range(ids.shape[0]):
+                keep = attn[row].bool()
+                r_ids, r_resp = ids[row, keep][None], resp[row, keep][None]  # [1, T_row]
+                key = hashlib.blake2b(
+                    r_ids.cpu().numpy().tobytes() + b"|" + r_resp.cpu().numpy().tobytes(), digest_size=16
+                ).digest()
+                if key not in self._values:
+                    lp = sequence_logprobs_for(self.reference, r_ids, r_resp, chunk_size=self.chunk_size)
+                    self._values[key] = lp[0].float()
+                values.append(self._values[key])
+            batch[f"dpo_{side}_ref_logprobs"] = torch.stack(values)  # [P]
+

@@ -30,7 +30,7 @@ import torch
 from composer_replication.training.config import StudentConfig, resolve_device, resolve_dtype
 from composer_replication.training.data import TrainingData, pairs_for_step, prompts_for_step
 from composer_replication.training.evaluate import greedy_texts, reward_stats
-from composer_replication.training.replay import add_reference_logprobs, build_replay_batch
+from composer_replication.training.replay import ReferenceLogprobCache, build_replay_batch
 
 __all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
 
@@ -77,6 +77,7 @@ class StudentTrainerCore:
 
     Attributes:
         model: the trained causal LM (train mode). ``reference``: its frozen initial copy (eval, no grad).
+        ``reference_logprobs``: a :class:`ReferenceLogprobCache` over ``reference`` (channel-3 reference log-probs).
         tokenizer, optimizer (AdamW), scheduler (``LambdaLR``), taid (``TAIDScheduler`` or ``None``),
         device, step (optimizer steps completed).
 
@@ -107,6 +108,7 @@ class StudentTrainerCore:
             config.model, seed=config.seed, dtype=self.dtype, device=self.device
         )
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.reference_logprobs = ReferenceLogprobCache(self.reference, chunk_size=config.loss.chunk_size)
         self.model.train()
         o = config.optim
         self.optimizer = torch.optim.AdamW(
@@ -184,7 +186,7 @@ class StudentTrainerCore:
         if replay:
             replay = {k: v.to(self.device) for k, v in replay.items()}
             if cfg.loss.dpo_variant == "dpo":
-                add_reference_logprobs(replay, self.reference, chunk_size=cfg.loss.chunk_size)
+                self.reference_logprobs.fill(replay)  # one reference pass per distinct sequence
             batch.update(replay)
             if "input_ids" not in batch:  # pairs only: channel 1 is LM cross-entropy on the chosen side
                 for key in ("input_ids", "attention_mask", "response_mask"):

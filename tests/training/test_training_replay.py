@@ -7,7 +7,12 @@ import copy
 import pytest
 import torch
 
-from composer_replication.training.replay import add_reference_logprobs, build_replay_batch, pair_texts
+from composer_replication.training.replay import (
+    ReferenceLogprobCache,
+    add_reference_logprobs,
+    build_replay_batch,
+    pair_texts,
+)
 
 STATE = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Show a.py"}]
 CHOSEN = '[TOOL_USE] name=Read input={"file_path": "a.py"}'
@@ -81,3 +86,34 @@ def test_reference_logprobs_match_a_per_row_naive_pass(tiny_model_and_tokenizer)
         got = batch[f"dpo_{side}_ref_logprobs"]
         assert got.shape == (2,) and not got.requires_grad
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_cache_scores_each_distinct_sequence_once_whatever_its_batch(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    ref = copy.deepcopy(model).eval()
+    other = {**DICT_PAIR, "rejected": "no " * 7}
+    cache = ReferenceLogprobCache(ref, chunk_size=16)
+    both, _ = build_replay_batch(tok, [DICT_PAIR, other])
+    cache.fill(both)
+    assert len(cache) == 3  # the two pairs share their chosen sequence
+    expected = dict(both)
+    add_reference_logprobs(expected, ref, chunk_size=16)  # one batched pass, padded
+    for side in ("chosen", "rejected"):
+        got = both[f"dpo_{side}_ref_logprobs"]
+        assert got.shape == (2,) and got.dtype == torch.float32 and not got.requires_grad
+        torch.testing.assert_close(got, expected[f"dpo_{side}_ref_logprobs"], rtol=1e-4, atol=1e-4)
+
+    calls = []
+    handle = ref.register_forward_hook(lambda *a: calls.append(1))
+    alone, _ = build_replay_batch(tok, [other])  # same pair, another batch (less padding)
+    cache.fill(alone)
+    handle.remove()
+    assert calls == [] and len(cache) == 3  # no reference pass for a sequence seen before
+    for side in ("chosen", "rejected"):  # bit-identical: the value never depends on its batch
+        assert torch.equal(alone[f"dpo_{side}_ref_logprobs"][0], both[f"dpo_{side}_ref_logprobs"][1])
+
+    fresh = ReferenceLogprobCache(ref, chunk_size=16)  # a resumed run starts with an empty cache
+    again, _ = build_replay_batch(tok, [other])
+    fresh.fill(again)
+    for side in ("chosen", "rejected"):
+        assert torch.equal(again[f"dpo_{side}_ref_logprobs"][0], both[f"dpo_{side}_ref_logprobs"][1])
