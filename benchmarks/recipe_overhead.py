@@ -37,14 +37,14 @@ def _pairs(cfg, states):
 
 
 def _as_dict(p):
-    from composer_replication.training.data import pair_to_dict
+    from composer_replication.engine.data import pair_to_dict
 
     return pair_to_dict(p)
 
 
 def plain_side(cfg, data, folder: Path) -> tuple[list[float], list[float], float]:
     """``run_plain``; returns (logged-step timestamps, totals, setup seconds)."""
-    from composer_replication.training import run_plain
+    from composer_replication.engine import run_plain
 
     stamps, totals, t0 = [], [], time.perf_counter()
 
@@ -59,7 +59,7 @@ def plain_side(cfg, data, folder: Path) -> tuple[list[float], list[float], float
 
 def mesh_side(cfg, states, pairs, folder: Path) -> tuple[list[float], list[float], float]:
     """The recipe's actors; returns (logged-step timestamps, totals, setup seconds)."""
-    from composer_replication.training import RunDir
+    from composer_replication.engine import RunDir
     from meshes import Reducer, StudentTrainer, local_meshes, wait
     from recipes.monarch.config import REPO_ROOT
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8, help="training steps on each side (>= 3)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
     args = p.parse_args(argv)
-    from composer_replication.training import build_training_data
+    from composer_replication.engine import build_training_data
     from meshes import install_fault_hook
     from recipes.monarch.config import load_config, load_states
 

@@ -3,7 +3,7 @@
 The actor is a thin shell: ``__init__`` only reads the global rank (cheap, cannot fail), the heavy
 ``setup`` endpoint loads the model, the frozen reference, AdamW and the schedules, so that a bad
 model name or an out-of-memory reaches the caller as an error instead of a dead spawn. Every other
-endpoint forwards to one method of :class:`~composer_replication.training.StudentTrainerCore` or to
+endpoint forwards to one method of :class:`~composer_replication.engine.StudentTrainerCore` or to
 the checkpoint functions. Errors are re-raised naming ``trainer rank <r>`` (:func:`~meshes.supervision.names_rank`).
 
 Checkpoints: rank 0 writes ``<run>/checkpoints/``; rank ``r > 0`` writes ``<run>/replicas/rank_<r>/checkpoints/``.
@@ -72,8 +72,8 @@ class StudentTrainer(Actor):
     def warmup(self) -> int:
         """Import torch, transformers and the training engine now (5-10 s per process), so that a later
         ``setup`` only loads the model; call it right after spawning, without waiting. Returns the PID."""
+        import composer_replication.engine  # noqa: F401
         import composer_replication.models  # noqa: F401
-        import composer_replication.training  # noqa: F401
 
         return os.getpid()
 
@@ -105,7 +105,7 @@ class StudentTrainer(Actor):
         """
         import torch
 
-        from composer_replication.training import StudentTrainerCore, build_training_data
+        from composer_replication.engine import StudentTrainerCore, build_training_data
 
         if threads > 0:
             torch.set_num_threads(threads)
@@ -148,7 +148,7 @@ class StudentTrainer(Actor):
     @names_rank("trainer")
     def save(self, run_dir: str, step: int, keep_last: int | None = None) -> str:
         """Save this replica's full state as checkpoint ``step`` (see :func:`replica_dir`); returns its folder."""
-        from composer_replication.training import save_checkpoint
+        from composer_replication.engine import save_checkpoint
 
         return str(save_checkpoint(replica_dir(run_dir, self.rank), step, self._core().state_dict(),
                                    keep_last=keep_last))
@@ -157,7 +157,7 @@ class StudentTrainer(Actor):
     @names_rank("trainer")
     def load_latest(self, run_dir: str) -> int:
         """Restore this replica's latest complete checkpoint; returns the step to continue from (0: none)."""
-        from composer_replication.training import latest_checkpoint, load_checkpoint
+        from composer_replication.engine import latest_checkpoint, load_checkpoint
 
         ckpt = latest_checkpoint(replica_dir(run_dir, self.rank))
         if ckpt is None:

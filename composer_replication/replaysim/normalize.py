@@ -20,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -138,7 +139,7 @@ class DJNormalizer:
         RuntimeError: ``backend="data_juicer"`` but data-juicer is not importable.
     """
 
-    DEFAULT_RECIPE: ClassVar[Path] = Path(__file__).resolve().parents[2] / "recipes" / "replaysim" / "default.yaml"
+    DEFAULT_RECIPE: ClassVar[Path] = Path(str(files("composer_replication.replaysim") / "default.yaml"))
 
     def __init__(
         self,

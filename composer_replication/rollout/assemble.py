@@ -7,7 +7,7 @@ Channel 1 (GRPO): the rollout tensors (``input_ids``, ``attention_mask``, ``resp
 Channel 2 (self-distillation at error sites): every rollout whose :class:`Score` names an
 ``error_kind`` for which the hint function returns a hint becomes an error site. Its teacher
 sequence is ``prompt(history + [hint as a user message]) + exactly that rollout's response ids``
-(``trainer.chat_format.build_hinted_teacher_sequence``, the one function that builds it), and
+(``chat_format.build_hinted_teacher_sequence``, the one function that builds it), and
 ``sdpo_student_index`` / ``sdpo_teacher_index`` pair each response token in the student batch
 with the same token in the teacher batch, as the batch contract requires.
 """
@@ -96,7 +96,7 @@ def _channel2(
     tokenizer: Any, rollouts: RolloutBatch, scores: Sequence[Score],
     prompts: Sequence[Prompt | Sequence[Mapping[str, Any]]], hint_fn: HintFn, device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    from composer_replication.trainer.chat_format import build_hinted_teacher_sequence
+    from composer_replication.chat_format import build_hinted_teacher_sequence
 
     rows: list[list[int]] = []
     student_idx: list[tuple[int, int]] = []

@@ -12,7 +12,7 @@ assertions, exceptions, ``MemoryError``, a timeout) -> ``runtime_error``. ``erro
 the traceback tail as ``error_message``, ``tool_name="python"`` and the task's first sentence as
 ``intent``.
 
-The bundled tasks live in ``recipes/data/tasks/python_tasks.jsonl``, one JSON object per line with
+The bundled tasks live in ``composer_replication/data/tasks/python_tasks.jsonl`` (package data), one JSON object per line with
 the keys ``task_id``, ``prompt``, ``entry_point``, ``reference_solution`` and ``tests``.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composer_replication.data import bundled_path
 from composer_replication.rollout.environment import Prompt, Score
 from composer_replication.rollout.sandbox import SandboxResult, run_python_sandboxed
 
@@ -40,7 +41,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TASKS_PATH = Path(__file__).resolve().parents[2] / "recipes" / "data" / "tasks" / "python_tasks.jsonl"
+DEFAULT_TASKS_PATH = bundled_path("tasks/python_tasks.jsonl")
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful Python programmer. Answer with one ```python code block that defines the "
     "requested function. Use only the standard library and do not print anything."
@@ -69,7 +70,7 @@ class PythonTask:
 
 
 def load_bundled_tasks(path: str | Path | None = None) -> list[PythonTask]:
-    """Read tasks from a JSONL file (default: the bundled ``recipes/data/tasks/python_tasks.jsonl``).
+    """Read tasks from a JSONL file (default: the bundled ``composer_replication/data/tasks/python_tasks.jsonl`` (package data)).
 
     Raises:
         FileNotFoundError: the file does not exist (the bundled file ships with a source checkout).

@@ -1,7 +1,7 @@
 """G samples per prompt, with the sampling policy's log-probs recorded at sampling time.
 
 :func:`sample_rollouts` renders every prompt with the shared chat format
-(``trainer.chat_format.build_prompt_ids``), repeats it ``num_generations`` times, left-pads the
+(``chat_format.build_prompt_ids``), repeats it ``num_generations`` times, left-pads the
 prompts, samples with ``model.generate`` and cuts every response after its first end-of-turn token
 (``<|im_end|>`` for ChatML; a response that never emits it is kept whole and flagged
 ``truncated``). Right after sampling, under ``no_grad`` and with the same model, it computes the
@@ -104,7 +104,7 @@ def sample_rollouts(
         ValueError: no prompts, or a non-positive count / limit, or ``top_p`` outside (0, 1].
     """
     _check(prompts, num_generations, max_new_tokens, temperature, top_p)
-    from composer_replication.trainer.chat_format import build_prompt_ids, end_of_turn_id
+    from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
 
     device = next(model.parameters()).device
     eot, pad = end_of_turn_id(tokenizer), tokenizer.pad_token_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication.trainer.chat_format import (
+from composer_replication.chat_format import (
     build_hinted_teacher_sequence,
     build_prompt_ids,
     build_response_ids,

@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from composer_replication.dpo import dpo_loss
-from composer_replication.loss import self_distillation_loss, sequence_logprobs_for
-from composer_replication.trainer.chat_format import (
+from composer_replication.chat_format import (
     build_hinted_teacher_sequence,
     build_prompt_ids,
     build_response_ids,
 )
+from composer_replication.dpo import dpo_loss
+from composer_replication.loss import self_distillation_loss, sequence_logprobs_for
 
 try:
     from trl import GRPOTrainer

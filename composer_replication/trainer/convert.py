@@ -23,7 +23,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from composer_replication.trainer.chat_format import to_chat_messages
+from composer_replication.chat_format import to_chat_messages
 from composer_replication.trainer.data_collator import TraceExample, TraceTurn
 from composer_replication.types import DPOPair, TraceState
 

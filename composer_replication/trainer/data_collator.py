@@ -9,7 +9,7 @@ The batch keys follow the project's batch contract (``docs/collator.md``):
   ``ctx_teacher_attention_mask``, ``sdpo_loss_mask``, ``sdpo_student_index``, ``sdpo_teacher_index``;
 - channel 3 (trace-replay DPO): ``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``.
 
-Chat formatting lives in :mod:`composer_replication.trainer.chat_format` and is re-exported here
+Chat formatting lives in :mod:`composer_replication.chat_format` and is re-exported here
 (``build_prompt_ids``, ``build_response_ids``, ``build_hinted_teacher_sequence``, ...): a prompt is
 the chat template with the generation prompt, a response is the action text's tokens plus the
 end-of-turn token, and assistant tool calls are rendered as action text
@@ -34,7 +34,7 @@ from typing import Any, TypedDict
 import torch
 
 from composer_replication.actions import parse_action
-from composer_replication.trainer.chat_format import (
+from composer_replication.chat_format import (
     ROLES,
     TokenizerLike,
     build_hinted_teacher_sequence,

@@ -1,6 +1,6 @@
 """The Monarch recipe's configuration tree, its presets, and every check that runs before a process is spawned.
 
-``RecipeConfig`` nests the student's :class:`~composer_replication.training.StudentConfig` with the
+``RecipeConfig`` nests the student's :class:`~composer_replication.engine.StudentConfig` with the
 recipe's own sections (``data``, ``teachers``, ``mesh``, ``run``). :func:`load_config` reads a preset
 name (``single_node``, ``tiny``, ``gpu_single_node``...) or a YAML path, applies ``key.sub=value``
 overrides, builds the typed tree (unknown keys and wrong types name the dotted key), then
@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import yaml
 
-from composer_replication.training import StudentConfig, apply_overrides, from_dict, to_dict
+from composer_replication.data import resolve_bundled
+from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
 
 __all__ = [
     "REPO_ROOT",
@@ -50,9 +51,9 @@ PRESETS_DIR = Path(__file__).resolve().parent / "configs"
 class DataConfig:
     """Where the traces and tasks come from."""
 
-    sessions: list[str] = field(default_factory=lambda: ["recipes/data/sessions/*.jsonl"])
+    sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/*.jsonl"])
     """Trace files or glob patterns (any format ``ingest_any`` reads); relative paths are tried from the
-    current folder, then from the repository root."""
+    current folder, then from the repository root; ``bundled:<glob>`` names the bundled sample data."""
     max_states: int = 32
     """Trace states kept (the first ones, in file order) for replay and training."""
     max_history_tokens: int | None = None
@@ -89,7 +90,7 @@ class TeachersConfig:
     timeout_s: float = 120.0
     """Per-request timeout of HTTP teachers."""
     normalize: bool = True
-    """Run the replaysim normalizer (``recipes/replaysim/default.yaml``) on the pairs."""
+    """Run the replaysim normalizer (the bundled default recipe) on the pairs."""
 
 
 @dataclass(kw_only=True)
@@ -240,6 +241,7 @@ def session_files(config: RecipeConfig) -> list[Path]:
     """
     files: list[Path] = []
     for entry in config.data.sessions:
+        entry = resolve_bundled(entry)
         here = sorted(glob.glob(os.path.expanduser(entry)))
         found = here or sorted(glob.glob(str(REPO_ROOT / entry)))
         if not found:

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from composer_replication.training import RunDir, to_dict
+from composer_replication.engine import RunDir, to_dict
 from meshes import (
     ActorFailure,
     Reducer,

@@ -1,4 +1,4 @@
-"""The sample sessions shipped in recipes/data/sessions (the recipe's default training data)."""
+"""The sample sessions shipped in composer_replication/data/sessions (the recipe's default training data)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from composer_replication.actions import parse_action
 from composer_replication.ingestion import ClaudeCodeIngester, detect_format
 
-SESSIONS = Path(__file__).resolve().parents[2] / "recipes" / "data" / "sessions"
+SESSIONS = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions"
 FILES = sorted(SESSIONS.glob("*.jsonl"))
 EXPECTED_KINDS = {
     "fix-config-defaults": [None, "type_error", None, "type_error", "runtime_error", None, None, None],

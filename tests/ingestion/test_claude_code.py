@@ -305,7 +305,7 @@ def test_max_history_tokens_drops_oldest_with_their_tool_results() -> None:
 @pytest.mark.parametrize("budget", [25, 60, 120, 200, 400, 100_000])
 def test_incremental_trimming_equals_trim_history(budget: int) -> None:
     """The ingester's sliding window gives exactly trim_history of the whole history, on every fixture."""
-    sessions = Path(__file__).resolve().parents[2] / "recipes" / "data" / "sessions"
+    sessions = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions"
     paths = [*FIX.glob("*.jsonl"), *sessions.glob("*.jsonl")]
     assert len(paths) >= 10
     for path in paths:

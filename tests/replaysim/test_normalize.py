@@ -34,7 +34,7 @@ def _recipe(tmp_path: Path, body) -> Path:
 # ------------------------------------------------------------------------------------------------
 def test_default_recipe_is_in_the_repo_and_loads():
     repo = Path(norm_mod.__file__).resolve().parents[2]
-    assert DJNormalizer.DEFAULT_RECIPE == repo / "recipes" / "replaysim" / "default.yaml"
+    assert DJNormalizer.DEFAULT_RECIPE == repo / "composer_replication" / "replaysim" / "default.yaml"
     assert DJNormalizer.DEFAULT_RECIPE.is_file()
     n = DJNormalizer()
     assert [op.name for op in n.ops] == ["text_length_filter", "text_length_filter", "document_deduplicator"]

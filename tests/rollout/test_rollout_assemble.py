@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from composer_replication.chat_format import build_prompt_ids
 from composer_replication.grpo import group_advantages
 from composer_replication.rollout.assemble import assemble_batch, rollout_stats
 from composer_replication.rollout.environment import Prompt, Score, score_texts
 from composer_replication.rollout.next_action import NextActionEnvironment
 from composer_replication.rollout.sampling import sample_rollouts
-from composer_replication.trainer.chat_format import build_prompt_ids
 
 PROMPTS = [
     Prompt(prompt_id="a", messages=[{"role": "user", "content": "Read a.py"}], tools=["Read"]),

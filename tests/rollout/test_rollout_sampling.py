@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
 from composer_replication.rollout.environment import Prompt
 from composer_replication.rollout.sampling import _cut_at_end_of_turn, sample_rollouts
-from composer_replication.trainer.chat_format import build_prompt_ids, end_of_turn_id
 
 PROMPTS = [
     Prompt(prompt_id="a", messages=[{"role": "user", "content": "hi"}]),

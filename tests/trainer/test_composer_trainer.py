@@ -16,12 +16,12 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from composer_replication.opsd import generalized_jsd_loss  # noqa: E402
-from composer_replication.trainer.chat_format import (  # noqa: E402
+from composer_replication.chat_format import (  # noqa: E402
     build_hinted_teacher_sequence,
     build_prompt_ids,
     build_response_ids,
 )
+from composer_replication.opsd import generalized_jsd_loss  # noqa: E402
 from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer  # noqa: E402
 
 CHOSEN = '[TOOL_USE] name=Bash input={"cmd": "ls"}'

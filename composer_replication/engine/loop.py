@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from composer_replication.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from composer_replication.training.config import StudentConfig, to_dict
-from composer_replication.training.data import TrainingData
-from composer_replication.training.run_dir import RunDir
-from composer_replication.training.student import StudentTrainerCore
+from composer_replication.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from composer_replication.engine.config import StudentConfig, to_dict
+from composer_replication.engine.data import TrainingData
+from composer_replication.engine.run_dir import RunDir
+from composer_replication.engine.student import StudentTrainerCore
 
 __all__ = ["run_plain"]
 

@@ -148,7 +148,7 @@ def build_training_data(
 
 
 def _pair_with_chosen_text(pair: Any) -> dict[str, Any]:
-    from composer_replication.training.replay import pair_texts
+    from composer_replication.engine.replay import pair_texts
 
     rec = pair_to_dict(pair)
     _, chosen, rejected = pair_texts(pair)

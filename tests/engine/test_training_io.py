@@ -8,14 +8,14 @@ import os
 import pytest
 import torch
 
-from composer_replication.training.checkpoint import (
+from composer_replication.engine.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from composer_replication.training.data import TrainingData, pairs_for_step, prompts_for_step
-from composer_replication.training.run_dir import RunDir
+from composer_replication.engine.data import TrainingData, pairs_for_step, prompts_for_step
+from composer_replication.engine.run_dir import RunDir
 
 
 class _Env:
@@ -191,7 +191,7 @@ def test_truncate_metrics_on_resume_drops_later_steps(tmp_path):
 
 
 def test_write_config_rejects_dataclass(tmp_path):
-    from composer_replication.training.config import StudentConfig
+    from composer_replication.engine.config import StudentConfig
 
     with pytest.raises(TypeError, match="to_dict"):
         RunDir(tmp_path, tensorboard=False).write_config(StudentConfig())

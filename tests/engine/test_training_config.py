@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from composer_replication.training.config import (
+from composer_replication.engine.config import (
     LossConfig,
     OptimConfig,
     RolloutConfig,
@@ -114,7 +114,7 @@ def test_every_field_has_a_docstring():
     import ast
     import inspect
 
-    from composer_replication.training import config as mod
+    from composer_replication.engine import config as mod
 
     tree = ast.parse(inspect.getsource(mod))
     for node in tree.body:

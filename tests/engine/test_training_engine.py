@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from composer_replication.training import (
+from composer_replication.engine import (
     LossConfig,
     OptimConfig,
     RolloutConfig,
@@ -23,7 +23,7 @@ from composer_replication.training import (
     load_checkpoint,
     run_plain,
 )
-from composer_replication.training.data import build_training_data
+from composer_replication.engine.data import build_training_data
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 STATES = [
@@ -248,8 +248,8 @@ def test_build_training_data_errors_and_held_out_prompts():
 
 
 def test_mixed_environment_routes_by_prompt_id_and_rejects_collisions():
+    from composer_replication.engine import MixedEnvironment
     from composer_replication.rollout import Prompt, Score
-    from composer_replication.training import MixedEnvironment
 
     class Fixed:
         def __init__(self, name, ids, reward):
@@ -279,7 +279,7 @@ def test_build_training_data_python_tasks_and_mixed():
 
 
 def test_lr_lambda_shapes():
-    from composer_replication.training.student import build_lr_lambda
+    from composer_replication.engine.student import build_lr_lambda
 
     const = build_lr_lambda(warmup_steps=2, num_steps=10, scheduler="constant")
     assert [const(s) for s in range(4)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from composer_replication.training.replay import (
+from composer_replication.engine.replay import (
     ReferenceLogprobCache,
     add_reference_logprobs,
     build_replay_batch,
@@ -49,7 +49,7 @@ def test_pair_texts_errors():
 
 
 def test_replay_batch_layout_matches_the_contract(tokenizer):
-    from composer_replication.trainer.chat_format import build_prompt_ids, build_response_ids
+    from composer_replication.chat_format import build_prompt_ids, build_response_ids
 
     batch, skipped = build_replay_batch(tokenizer, [DICT_PAIR, DICT_PAIR])
     assert skipped == 0

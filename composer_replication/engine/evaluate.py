@@ -14,11 +14,11 @@ __all__ = ["greedy_texts", "reward_stats"]
 def greedy_texts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Any], *, max_new_tokens: int) -> list[str]:
     """Greedy-decoded response text for each prompt (``rollout.Prompt`` or message list), cut at end-of-turn.
 
-    Prompts are rendered with the shared chat format (``trainer.chat_format.build_prompt_ids``) and
+    Prompts are rendered with the shared chat format (``chat_format.build_prompt_ids``) and
     left-padded; the model's train/eval mode is restored afterwards.
     """
+    from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
     from composer_replication.rollout import Prompt
-    from composer_replication.trainer.chat_format import build_prompt_ids, end_of_turn_id
 
     if not prompts:
         return []

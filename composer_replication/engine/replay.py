@@ -82,7 +82,7 @@ def build_replay_batch(
     warning; they are never truncated). Returns ``(batch, n_skipped)``; ``batch`` is empty when no
     pair remains.
     """
-    from composer_replication.trainer.chat_format import build_prompt_ids, build_response_ids
+    from composer_replication.chat_format import build_prompt_ids, build_response_ids
 
     sides: dict[str, tuple[list[list[int]], list[list[int]]]] = {"chosen": ([], []), "rejected": ([], [])}
     skipped = 0

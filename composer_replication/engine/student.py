@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from composer_replication.training.config import StudentConfig, resolve_device, resolve_dtype
-from composer_replication.training.data import TrainingData, pairs_for_step, prompts_for_step
-from composer_replication.training.evaluate import greedy_texts, reward_stats
-from composer_replication.training.replay import ReferenceLogprobCache, build_replay_batch
+from composer_replication.engine.config import StudentConfig, resolve_device, resolve_dtype
+from composer_replication.engine.data import TrainingData, pairs_for_step, prompts_for_step
+from composer_replication.engine.evaluate import greedy_texts, reward_stats
+from composer_replication.engine.replay import ReferenceLogprobCache, build_replay_batch
 
 __all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
 
@@ -70,7 +70,7 @@ class StudentTrainerCore:
 
     Args:
         config: the student's configuration.
-        data: environment, prompts and pairs (see :class:`~composer_replication.training.data.TrainingData`).
+        data: environment, prompts and pairs (see :class:`~composer_replication.engine.data.TrainingData`).
         rank: this replica's global rank (changes its data and sampling seeds).
         world_size: number of replicas (reported; data is drawn per rank).
         local_rank: GPU index for ``device="auto"`` (default: ``LOCAL_RANK`` env, else 0).

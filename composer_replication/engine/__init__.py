@@ -14,13 +14,13 @@
 
 from __future__ import annotations
 
-from composer_replication.training.checkpoint import (
+from composer_replication.engine.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from composer_replication.training.config import (
+from composer_replication.engine.config import (
     LossConfig,
     OptimConfig,
     RolloutConfig,
@@ -31,16 +31,16 @@ from composer_replication.training.config import (
     resolve_dtype,
     to_dict,
 )
-from composer_replication.training.data import (
+from composer_replication.engine.data import (
     MixedEnvironment,
     TrainingData,
     build_training_data,
     pairs_for_step,
     prompts_for_step,
 )
-from composer_replication.training.loop import run_plain
-from composer_replication.training.run_dir import RunDir
-from composer_replication.training.student import StudentTrainerCore, derive_seed
+from composer_replication.engine.loop import run_plain
+from composer_replication.engine.run_dir import RunDir
+from composer_replication.engine.student import StudentTrainerCore, derive_seed
 
 __all__ = [
     "OptimConfig",

@@ -7,7 +7,7 @@ Layout::
     <run>/tb/              TensorBoard scalars (same names as metrics.jsonl)
     <run>/pairs.jsonl      channel-3 pairs used by the run (write_pairs)
     <run>/summary.json     final summary (write_summary)
-    <run>/checkpoints/     see composer_replication.training.checkpoint
+    <run>/checkpoints/     see composer_replication.engine.checkpoint
 
 On resume from a checkpoint taken after ``k`` completed steps, call :meth:`RunDir.truncate_metrics`
 with ``k`` (or pass ``resume_step=k``): metric lines of steps ``>= k`` are dropped (atomic rewrite)
@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from composer_replication.atomic import atomic_write_text
-from composer_replication.training.checkpoint import CHECKPOINTS_DIR
-from composer_replication.training.data import pair_to_dict
+from composer_replication.engine.checkpoint import CHECKPOINTS_DIR
+from composer_replication.engine.data import pair_to_dict
 
 __all__ = ["RunDir"]
 

@@ -1,1 +1,0 @@
-"""The default normalization recipe (default.yaml) for composer_replication.replaysim."""
