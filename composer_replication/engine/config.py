@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -32,6 +33,7 @@ __all__ = [
     "from_dict",
     "to_dict",
     "apply_overrides",
+    "yaml_error_text",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -320,6 +322,27 @@ def _type_name(tp: Any) -> str:
     return {float: "a float", int: "an integer", bool: "a boolean", str: "a string"}.get(tp, str(tp))
 
 
+def _coerce_float(value: Any, key: str) -> float:
+    """A finite float from a number or a numeric string (YAML 1.1 reads ``1e-5`` as a string)."""
+    out = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            out = float(value)
+        except OverflowError:  # an integer too large for a float
+            out = math.inf
+    elif isinstance(value, str):
+        try:
+            out = float(value)
+        except ValueError:
+            pass
+    if out is None:
+        raise ValueError(f"'{key}' must be a float, got {value!r}")
+    if not math.isfinite(out):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ValueError(f"'{key}' must be a finite number, got {shown} (inf and nan are refused)")
+    return out
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check/convert ``value`` to the annotated type ``tp``; raise ``ValueError`` naming ``key``."""
     origin = typing.get_origin(tp)
@@ -373,16 +396,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ValueError(f"'{key}' must be an integer, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"'{key}' must be a float, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ValueError(f"'{key}' must be a float, got {value!r}")
+        return _coerce_float(value, key)
     if tp is str:
         if not isinstance(value, str):
             raise ValueError(f"'{key}' must be a string, got {value!r}")
@@ -435,6 +449,16 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def yaml_error_text(exc: yaml.YAMLError) -> str:
+    """One line saying what YAML refused (unsafe tags such as ``!!python/object`` are refused by name)."""
+    problem = str(getattr(exc, "problem", None) or exc).strip().splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in problem:
+        problem += " (tags that build Python objects are never read; write plain values)"
+    return problem + where
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides to a plain config dict; returns a new dict.
 
@@ -443,7 +467,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     unknown keys are reported later by :func:`from_dict`.
 
     Raises:
-        ValueError: an override without ``=``, with an empty key, or that descends into a non-mapping.
+        ValueError: an override without ``=``, with an empty key, with a value that is not plain YAML
+            (syntax error, or an unsafe tag such as ``!!python/object``), or that descends into a non-mapping.
     """
     out = copy.deepcopy(data) if data is not None else {}
     for item in overrides:
@@ -451,7 +476,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             raise ValueError(f"override {item!r} must look like 'key.sub=value' (e.g. 'loss.alpha_sdpo=0.2')")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            problem = yaml_error_text(exc)
+            raise ValueError(f"override {item!r}: the value is not plain YAML ({problem})") from None
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

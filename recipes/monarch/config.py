@@ -20,6 +20,8 @@ import yaml
 
 from composer_replication.data import resolve_bundled
 from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
+from composer_replication.engine.config import yaml_error_text
+from recipes.monarch.run_folder import check_fresh_run_dir, open_run_dir
 
 __all__ = [
     "REPO_ROOT",
@@ -40,6 +42,7 @@ __all__ = [
     "read_pairs",
     "resume_config",
     "check_fresh_run_dir",
+    "open_run_dir",
     "ledger_spend",
 ]
 
@@ -143,6 +146,8 @@ class RecipeConfig:
     """Run folder and display."""
 
     def __post_init__(self) -> None:
+        if not self.run.dir.strip():
+            raise ValueError("'run.dir' must name a folder (e.g. runs/monarch-{time}), got an empty string")
         _positive(self.data.max_states, "data.max_states")
         _positive(self.mesh.num_replicas, "mesh.num_replicas")
         _positive(self.teachers.agreement_threshold, "teachers.agreement_threshold")
@@ -212,9 +217,25 @@ def _read_yaml(preset_or_path: str) -> dict[str, Any]:
         raise ValueError(
             f"--config {preset_or_path!r} is neither a preset nor a YAML file; presets: {', '.join(list_presets())}"
         )
-    data = yaml.safe_load(path.read_text()) or {}
+    return _load_yaml_file(path, "--config")
+
+
+def _load_yaml_file(path: Path, what: str) -> dict[str, Any]:
+    """The mapping a YAML config file holds, read with ``yaml.safe_load`` (plain YAML only).
+
+    Raises:
+        ValueError: the file cannot be read, is not valid YAML, uses a tag that would build a Python object
+            (``!!python/object``...), or does not hold a mapping; names the file and the line.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} {path} is not valid YAML: {yaml_error_text(exc)}; fix the file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {path} cannot be read as UTF-8 text ({exc})") from None
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path} must hold a mapping of config sections, got {type(data).__name__}")
+        raise ValueError(f"{what} {path} must hold a mapping of config sections, got {type(data).__name__}")
     return data
 
 
@@ -347,30 +368,18 @@ def ledger_spend(path: str | os.PathLike[str]) -> float:
     return total
 
 
-def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
-    """A fresh run must not write into the folder of an earlier run (its metrics would mix).
-
-    Raises:
-        ValueError: the folder already holds ``metrics.jsonl`` or checkpoints (use ``--resume`` or another ``run.dir``).
-    """
-    path = Path(run_dir)
-    if (path / "metrics.jsonl").is_file() or any((path / "checkpoints").glob("step_*")):
-        raise ValueError(
-            f"'run.dir' {str(path)!r} already holds a run (metrics or checkpoints); continue it with "
-            f"--resume {path}, or choose another run.dir"
-        )
-
-
 def resume_config(run_dir: str, overrides: list[str] | None = None) -> RecipeConfig:
     """The config of an existing run (its ``config.yaml``) with ``overrides`` applied; ``run.dir`` stays the run.
 
     Raises:
         ValueError: the folder has no ``config.yaml``, or a bad override.
     """
+    if not str(run_dir).strip():
+        raise ValueError("--resume needs the folder of an earlier run, got an empty string")
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ValueError(f"--resume {run_dir!r}: no config.yaml there; give the folder of an earlier run")
-    data = apply_overrides(yaml.safe_load(path.read_text()) or {}, list(overrides or []))
+    data = apply_overrides(_load_yaml_file(path, f"--resume {run_dir!r}:"), list(overrides or []))
     data.setdefault("run", {})["dir"] = str(run_dir)
     config = from_dict(RecipeConfig, data)
     check_config(config)

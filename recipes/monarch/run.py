@@ -34,11 +34,11 @@ from meshes import (
 from recipes.monarch.config import (
     REPO_ROOT,
     RecipeConfig,
-    check_fresh_run_dir,
     ledger_spend,
     load_config,
     load_states,
     normalize_pairs,
+    open_run_dir,
     read_pairs,
     resume_config,
 )
@@ -84,15 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     # ---------------------------------------------------------------- config: every check before any spawn
     try:
         cfg = resume_config(args.resume, args.overrides) if args.resume else load_config(args.config, args.overrides)
-        if not args.resume:
-            check_fresh_run_dir(cfg.run.dir)
         states = load_states(cfg)
+        run = open_run_dir(cfg.run.dir, resuming=bool(args.resume))  # locked: one run per folder
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     t0, m = time.perf_counter(), cfg.mesh
-    run = RunDir(cfg.run.dir)
-    run.write_config(to_dict(cfg))
+    if not args.resume:  # a resume rewrites config.yaml only once its checkpoint has loaded
+        run.write_config(to_dict(cfg))
     display = Display(cfg.run.display, num_steps=cfg.student.num_steps)
     faults, restore_hook = install_fault_hook()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: finally runs
@@ -129,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             start = min(wait(trainer.load_latest.call(str(run.path)), actor="trainer", timeout_s=m.call_timeout_s,
                              what="load_latest").values())
             run.truncate_metrics(start)
+            run.write_config(to_dict(cfg))
             display.message(f"resumed at step {start}")
         eval_start = _evaluate(cfg, trainer) if cfg.run.evaluate and start == 0 else None
         # ------------------------------------------------------------ training loop
