@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # ---------------------------------------------------------------- config: every check before any spawn
     try:
-        cfg = resume_config(args.resume, args.overrides) if args.resume else load_config(args.config, args.overrides)
+        resuming = args.resume is not None  # `--resume ""` is an error, not a fresh run
+        cfg = resume_config(args.resume, args.overrides) if resuming else load_config(args.config, args.overrides)
         states = load_states(cfg)
-        run = open_run_dir(cfg.run.dir, resuming=bool(args.resume))  # locked: one run per folder
+        run = open_run_dir(cfg.run.dir, resuming=resuming)  # locked: one run per folder
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
