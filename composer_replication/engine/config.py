@@ -408,7 +408,7 @@ def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "") -> T:
     """Build the (nested) dataclass ``cls`` from a plain dict, e.g. a parsed YAML file.
 
     Missing keys keep their defaults. Values are checked against the field annotations
-    (``int``, ``float`` (ints and numeric strings accepted), ``bool``, ``str``, ``Literal``,
+    (``int``, ``float`` (finite; ints and numeric strings accepted), ``bool``, ``str``, ``Literal``,
     ``X | None``, ``tuple``/``list``, ``dict``, nested dataclasses); ``__post_init__`` then
     runs the cross-field checks.
 
