@@ -111,7 +111,11 @@ class _HashingWriter:
         return n
 
     def flush(self) -> None:
-        self._fh.flush()
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
 
 
 def _file_sha256(path: Path) -> str:

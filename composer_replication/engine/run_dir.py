@@ -271,7 +271,8 @@ class RunDir:
                 self._writer = None
         finally:
             if self._lock is not None:
-                self._lock.close()  # closing the only descriptor releases the flock
+                fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)  # also for a forked child's copy of the fd
+                self._lock.close()
                 self._lock = None
 
     def __enter__(self) -> RunDir:

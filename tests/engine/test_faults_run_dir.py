@@ -180,15 +180,25 @@ def test_full_disk_while_writing_the_run_folder_names_the_folder(tmp_path, monke
     with pytest.raises(DiskFullError, match=rf"device of {tmp_path / 'run'} while writing metrics.jsonl"):
         run.log_metrics(0, {"total": 1.0, "reward_mean": 0.5})
 
-    def no_space(*args, **kwargs):
+    monkeypatch.undo()
+    run.write_config({"a": 1})
+
+    def no_space(fd):  # delayed allocation: the disk reports ENOSPC when the atomic writers fsync
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run_dir_mod, "atomic_write_text", no_space)
+    monkeypatch.setattr(os, "fsync", no_space)
     for write, name in (
-        (lambda: run.write_config({"a": 1}), "config.yaml"),
+        (lambda: run.write_config({"a": 2}), "config.yaml"),
         (lambda: run.write_summary({"steps": 1}), "summary.json"),
         (lambda: run.write_pairs([]), "pairs.jsonl"),
     ):
         with pytest.raises(DiskFullError, match=rf"{tmp_path / 'run'} while writing {name}"):
             write()
+    monkeypatch.undo()
+    assert run.read_config() == {"a": 1}  # the previous config.yaml is intact
+    assert sorted(p.name for p in run.path.iterdir()) == [
+        ".lock",
+        "config.yaml",
+        "metrics.jsonl",
+    ]  # no temp files
     run.close()

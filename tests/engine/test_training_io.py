@@ -27,7 +27,12 @@ class _Env:
 
 def _data(n_prompts=5, n_pairs=3):
     return TrainingData(environment=_Env(), prompts=[f"p{i}" for i in range(n_prompts)],
-                        pairs=[{"state_id": f"s{i}"} for i in range(n_pairs)])
+                        pairs=[_pair(f"s{i}") for i in range(n_pairs)])
+
+
+def _pair(state_id: str, chosen: str = "a", rejected: str = "b") -> dict:
+    return {"state_id": state_id, "state_messages": [{"role": "user", "content": "q"}],
+            "chosen": chosen, "rejected": rejected}
 
 
 # ---------------------------------------------------------------------------- data
@@ -165,7 +170,7 @@ def test_run_dir_outputs(tmp_path):
         run.write_config({"model": "tiny", "optim": {"lr": 1e-4}})
         run.log_metrics(0, {"total": 1.5, "reward_mean": 0.25, "note": "x", "t": torch.tensor(2.0)})
         run.log_metrics(1, {"total": 1.0, "reward_mean": float("nan")})
-        run.write_pairs([{"state_id": "s0", "chosen": "a", "rejected": "b"}])
+        run.write_pairs([_pair("s0")])
         run.write_summary({"steps": 2})
         # lines are flushed as they are logged
         assert len(run.metrics_path.read_text().splitlines()) == 2
@@ -174,7 +179,8 @@ def test_run_dir_outputs(tmp_path):
     assert lines[1]["reward_mean"] is None  # NaN is written as null: strict JSON
     assert run.read_config() == {"model": "tiny", "optim": {"lr": 1e-4}}
     assert json.loads(run.summary_path.read_text()) == {"steps": 2}
-    assert json.loads(run.pairs_path.read_text()) == {"state_id": "s0", "chosen": "a", "rejected": "b"}
+    pair = json.loads(run.pairs_path.read_text())
+    assert (pair["state_id"], pair["chosen"], pair["rejected"]) == ("s0", "a", "b")
     events = list(run.tb_dir.glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
 
