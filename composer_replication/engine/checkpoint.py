@@ -275,13 +275,19 @@ def list_checkpoints(run_dir_or_path: Any) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-def latest_checkpoint(run_dir: Any) -> Path | None:
+def latest_checkpoint(run_dir: Any, *, max_step: int | None = None) -> Path | None:
     """The newest intact checkpoint of a run, or ``None`` when it has none.
 
     Walks the complete ``step_*`` folders from the newest and returns the first whose bytes match its
     SHA-256 manifest; a damaged one is skipped with a warning that names it (fallback to the previous
     checkpoint). A ``latest`` pointer that names a missing or incomplete folder is reported too.
     Temporary ``.tmp-*`` folders are never returned.
+
+    Args:
+        run_dir: a ``RunDir``, a run folder, or its ``checkpoints`` folder.
+        max_step: only checkpoints of at most this step. Replicas that resume together use it to load
+            the same step when one of them had to fall back (each reports its latest step, then all load
+            ``min`` of them).
     """
     root = _checkpoints_root(run_dir)
     pointer = root / _LATEST
@@ -290,6 +296,8 @@ def latest_checkpoint(run_dir: Any) -> Path | None:
         if not (_NAME.match(name) and _is_complete(root / name)):
             log.warning("checkpoint pointer %s names %r, which is missing or incomplete", pointer, name)
     for folder in reversed(list_checkpoints(root)):
+        if max_step is not None and checkpoint_step(folder) > max_step:
+            continue
         problem = checkpoint_damage(folder)
         if problem is None:
             return folder

@@ -110,6 +110,19 @@ def test_same_size_corruption_falls_back_to_the_previous_checkpoint(tmp_path, ca
         load_checkpoint(bad)  # asked for by name: refused, never loaded with NaNs
 
 
+def test_replicas_that_fell_back_can_all_load_the_same_step(tmp_path):
+    rank0, rank1 = tmp_path / "r0", tmp_path / "r1"
+    for folder in (rank0, rank1):
+        for step in (2, 3):
+            save_checkpoint(folder, step, _state(float(step)))
+    _overwrite_tensor_bytes(rank0 / "checkpoints" / "step_000003" / "state.pt", 3.0, 9.0)
+    steps = [int(latest_checkpoint(r).name[-6:]) for r in (rank0, rank1)]
+    assert steps == [2, 3]  # rank 0 fell back, rank 1 did not
+    common = min(steps)
+    assert [latest_checkpoint(r, max_step=common).name for r in (rank0, rank1)] == ["step_000002"] * 2
+    assert latest_checkpoint(rank1, max_step=1) is None
+
+
 def test_no_intact_checkpoint_left_is_an_error_naming_the_folder(tmp_path):
     only = save_checkpoint(tmp_path, 1, _state(1.0))
     _overwrite_tensor_bytes(only / "state.pt", 1.0, 7.0)
