@@ -59,7 +59,15 @@ def _lock_folder(path: Path) -> Any:
     Raises:
         RunDirInUseError: another open file description holds the lock (names the folder and the holder).
     """
-    fh = os.fdopen(os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8")
+    try:  # never through a symlink: the lock file is truncated once taken
+        fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ValueError(
+            f"{path / _LOCK} is a symbolic link; remove it (a run folder's lock is a plain file)"
+        ) from None
+    fh = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -70,6 +70,16 @@ def test_empty_run_folder_path_is_refused(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # nothing written into the current folder
 
 
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_kept(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").symlink_to(target)
+    with pytest.raises(ValueError, match=r"\.lock is a symbolic link"):
+        RunDir(tmp_path / "run", tensorboard=False)
+    assert target.read_text() == "keep me"
+
+
 # ---------------------------------------------------------------------------- checkpoint manifests
 
 
