@@ -18,6 +18,7 @@ from composer_replication.ingestion.registry import (
     ingest_any,
     make_ingester,
 )
+from composer_replication.ingestion.streaming import NestingTooDeep
 from composer_replication.ingestion.swe_agent import SWEAgentIngester
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "make_ingester",
     "is_subagent_file",
     "trim_history",
+    "NestingTooDeep",
 ]

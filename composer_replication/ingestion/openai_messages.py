@@ -10,32 +10,37 @@ messages. The conversation's own system message is kept; one is added only when 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from composer_replication.actions import ActionBlock, render_action, tool_calls_to_action
-from composer_replication.ingestion.errors import (
-    RepeatTracker,
-    classify_tool_error,
-    looks_like_error,
-    make_error_site,
-    offered_tools,
-)
+import ijson
+
+from composer_replication.ingestion.conversation import ConversationBuilder, ToolTracker
 from composer_replication.ingestion.history import (
-    NO_RESULT,
     BaseIngester,
     IngestionStats,
+    iter_jsonl,
     parts_to_text,
-    read_jsonl,
     tool_call,
-    tool_message,
-    trim_history,
+)
+from composer_replication.ingestion.streaming import (
+    MalformedJSON,
+    build_value,
+    has_content,
+    iter_events,
+    open_utf8,
+    skip_value,
 )
 from composer_replication.types import TraceState
 
-__all__ = ["OpenAIMessagesIngester", "ConversationBuilder", "load_conversations", "normalize_message"]
+__all__ = [
+    "OpenAIMessagesIngester",
+    "ConversationBuilder",
+    "iter_conversations",
+    "load_conversations",
+    "normalize_message",
+]
 
 _ROLES = {
     "ai": "assistant", "gpt": "assistant", "bot": "assistant", "model": "assistant", "assistant": "assistant",
@@ -79,153 +84,6 @@ def normalize_message(m: Any) -> dict[str, Any] | None:
     return out
 
 
-class ConversationBuilder:
-    """Turns one normalized conversation into states (shared by the OpenAI and SWE-agent ingesters).
-
-    Histories always end with every tool call answered: unanswered calls get a :data:`NO_RESULT`
-    tool message before the next user/assistant message; a tool message whose call is unknown
-    becomes a user message (its text is kept, counted in ``n_orphan_results``).
-    """
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str,
-        strip_thinking: bool,
-        max_history_tokens: int | None,
-        count: Any,
-        stats: IngestionStats,
-        source: str,
-    ) -> None:
-        self.system_prompt, self.strip_thinking = system_prompt, strip_thinking
-        self.max_history_tokens, self.count, self.stats, self.source = (
-            max_history_tokens,
-            count,
-            stats,
-            source,
-        )
-        self.cache: dict = {}
-
-    def build(
-        self,
-        messages: list[dict],
-        *,
-        tool_schemas: dict[str, dict] | None = None,
-        extra_actions: list[tuple[str, str]] | None = None,
-    ) -> list[TraceState]:
-        """States for ``messages`` (normalized); ``extra_actions`` are ``(action_text, observation)``
-        turns that continue after the last message (SWE-agent steps missing from ``history``)."""
-        st = self.stats
-        hist: list[dict] = []
-        if not messages or messages[0]["role"] != "system":
-            hist.append({"role": "system", "content": self.system_prompt})
-        pending: list[str] = []
-        known: set[str] = set()
-        outputs: dict[str, str] = {}
-        names: dict[str, str] = {}
-        turns: list[tuple[TraceState, list[str], str]] = []
-        for m in messages:
-            role = m["role"]
-            if role == "tool":
-                cid = m.get("tool_call_id") or (pending[0] if pending else None)
-                if cid is None and m.get("_name"):
-                    cid = next((p for p in pending if names.get(p) == m["_name"]), None)
-                if cid in pending:
-                    pending.remove(cid)
-                    hist.append(tool_message(cid, m["content"]))
-                    outputs[cid] = m["content"]
-                else:
-                    st.n_orphan_results += 1
-                    if cid in known:
-                        st.n_late_results += 1
-                    hist.append({"role": "user", "content": m["content"]})
-                continue
-            self._close(hist, pending)
-            if role != "assistant":
-                hist.append({"role": role, "content": m["content"]})
-                continue
-            calls = m.get("tool_calls") or []
-            blocks = [ActionBlock("thinking", m["_thinking"])] if m.get("_thinking") else []
-            action = render_action(blocks + [ActionBlock("text", tool_calls_to_action(m["content"], calls))])
-            ids = [c["id"] for c in calls]
-            for c in calls:
-                names[c["id"]] = c["function"]["name"]
-            turns.append(self._state(hist, action, ids, m["content"]))
-            content = (
-                m["content"]
-                if self.strip_thinking or not m.get("_thinking")
-                else (render_action(blocks) + ("\n" + m["content"] if m["content"] else ""))
-            )
-            hist.append({"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})})
-            pending = list(ids)
-            known.update(ids)
-        for action, observation in extra_actions or []:
-            self._close(hist, pending)
-            pending = []
-            turns.append(self._state(hist, action, [], action))
-            hist.append({"role": "assistant", "content": action})
-            hist.append({"role": "user", "content": observation})
-            outputs[f"_obs{len(turns)}"] = observation
-            turns[-1][1].append(f"_obs{len(turns)}")
-            names[f"_obs{len(turns)}"] = ""
-        return self._finish(turns, outputs, names, tool_schemas or {})
-
-    def _close(self, hist: list[dict], pending: list[str]) -> None:
-        for cid in pending:
-            hist.append(tool_message(cid, NO_RESULT))
-        self.stats.n_missing_results += len(pending)
-        pending.clear()
-
-    def _state(
-        self, hist: list[dict], action: str, ids: list[str], text: str
-    ) -> tuple[TraceState, list[str], str]:
-        self.stats.n_assistant_turns += 1
-        messages = list(hist)
-        if self.max_history_tokens is not None:
-            messages = trim_history(messages, self.max_history_tokens, self.count, self.cache)
-        return (
-            {"state_id": "", "messages": messages, "student_action": action, "source": self.source},
-            ids,
-            text,
-        )
-
-    def _finish(
-        self, turns: list, outputs: dict[str, str], names: dict[str, str], schemas: dict[str, dict]
-    ) -> list[TraceState]:
-        calls = {c: n for c, n in names.items() if not c.startswith("_obs")}
-        tools = offered_tools(calls, {c: (t, looks_like_error(t)) for c, t in outputs.items()}, schemas)
-        repeats = RepeatTracker()
-        out: list[TraceState] = []
-        for state, ids, text in turns:
-            if not state["student_action"]:
-                continue
-            state["tools"] = tools
-            failure = next(
-                (
-                    (names.get(c, ""), outputs[c], classify_tool_error(outputs[c]))
-                    for c in ids
-                    if c in outputs and looks_like_error(outputs[c])
-                ),
-                None,
-            )
-            kind = repeats.observe(failure)
-            if kind is not None and failure is not None:
-                state["error_kind"] = kind
-                state["error_meta"] = make_error_site(
-                    kind=kind,
-                    message=failure[1],
-                    tool_name=failure[0],
-                    available_tools=tools,
-                    tool_schema=schemas.get(failure[0]),
-                    intent=text,
-                )
-                self.stats.n_errors += 1
-            blocks = state["student_action"].count("[TOOL_USE] name=")
-            self.stats.n_tool_use_blocks += blocks
-            out.append(state)
-        return out
-
-
 def _tool_schemas(tools: Any) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for t in tools if isinstance(tools, list) else ():
@@ -250,20 +108,128 @@ def _from_doc(doc: Any) -> list[tuple[list, dict]]:
     return []
 
 
-def load_conversations(path: Path, stats: IngestionStats) -> list[tuple[list, dict]]:
-    """Read every conversation of a JSON / JSONL file (see the module docstring for the shapes)."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    if not text.strip():
+# ---------------------------------------------------------------------------- streaming the file
+Conversation = tuple[Iterator[Any], dict[str, dict]]
+"""A conversation being read: ``(raw messages, tool schemas)``."""
+
+
+def probe_layout(path: Path) -> tuple[str, Any]:
+    """How to stream ``path``, from one pass over its JSON events (nothing large is built):
+
+    - ``("object", (key, tools))``: one JSON object whose ``key`` list holds the messages;
+    - ``("messages", None)``: one JSON list of messages; ``("documents", None)``: a list of objects;
+    - ``("lines", all_messages)``: JSONL (several values) or text that is not one JSON value;
+      ``all_messages``: every record is a message (one conversation), else each is a document;
+    - ``("none", None)``: one value holding no conversation; ``("empty", None)``: only blanks.
+
+    Raises:
+        NestingTooDeep: the JSON nests deeper than Python's recursion limit.
+    """
+    if not has_content(path):
+        return "empty", None
+    with open_utf8(path, clean=True) as f:
+        events = iter_events(f, path)
+        try:
+            first = next(events, None)
+            if first is None:
+                return "lines", False
+            if first[0] == "start_map":
+                lists, tools = set(), None
+                for event, value in events:
+                    if event == "end_map":
+                        break
+                    nxt = next(events)
+                    if value == "tools":
+                        tools = build_value(*nxt, events)
+                        continue
+                    if nxt[0] == "start_array":
+                        lists.add(value)
+                    skip_value(nxt[0], events)
+                key = next((k for k in _CONV_KEYS if k in lists), None)
+                layout: tuple[str, Any] = ("object", (key, tools)) if key else ("none", None)
+            elif first[0] == "start_array":
+                layout = ("documents", None)
+                for event, _ in events:
+                    if event == "end_array":
+                        break
+                    if event == "start_map" and _has_role_key(events):
+                        layout = ("messages", None)
+                    elif event != "start_map":
+                        skip_value(event, events)
+            else:
+                layout = ("none", None)
+            if next(events, None) is None:
+                return layout
+        except MalformedJSON:
+            pass
+    return "lines", _all_messages(path)
+
+
+def _all_messages(path: Path) -> bool:
+    """Whether a JSONL file has records and every one is a message (read until one is not)."""
+    found = False
+    for r in iter_jsonl(path, IngestionStats()):
+        if not _is_message(r):
+            return False
+        found = True
+    return found
+
+
+def _has_role_key(events: Iterator[tuple[str, Any]]) -> bool:
+    """Consume one object (after its ``start_map``); whether it has a ``role`` or ``from`` key."""
+    found = False
+    for event, value in events:
+        if event == "end_map":
+            return found
+        found = found or value in ("role", "from")
+        skip_value(next(events)[0], events)
+    return found
+
+
+def _is_message(r: Any) -> bool:
+    return isinstance(r, dict) and ("role" in r or "from" in r)
+
+
+def iter_conversations(
+    path: Path, stats: IngestionStats, layout: tuple[str, Any] | None = None
+) -> Iterator[Conversation]:
+    """Stream the conversations of a JSON / JSONL file (see the module docstring for the shapes).
+
+    A JSON object's message list, a JSON list of messages and JSONL of messages are streamed one
+    message at a time; a list of conversation objects, or JSONL of conversations, one conversation
+    at a time. Bad JSONL lines are counted in ``stats`` (as :func:`iter_jsonl` does). ``layout`` is
+    :func:`probe_layout`'s answer when the caller already has it (the file is read once less).
+    """
+    kind, detail = layout or probe_layout(path)
+    if kind == "object":
+        key, tools = detail
+        yield _items(path, f"{key}.item"), _tool_schemas(tools)
+    elif kind == "messages":
+        yield _items(path, "item"), {}
+    elif kind == "documents":
+        for doc in _items(path, "item"):
+            yield from ((iter(raw), schemas) for raw, schemas in _from_doc(doc))
+    elif kind == "empty":
         stats.skipped_truncated_lines += 1
-        return []
-    try:
-        return _from_doc(json.loads(text))
-    except ValueError:
-        pass
-    records = read_jsonl(path, stats)
-    if records and all(isinstance(r, dict) and ("role" in r or "from" in r) for r in records):
-        return [(records, {})]
-    return [c for r in records for c in _from_doc(r)]
+    elif kind == "lines":
+        if detail:  # every record is a message: one conversation
+            yield iter_jsonl(path, stats), {}
+        else:
+            for r in iter_jsonl(path, stats):
+                yield from ((iter(raw), schemas) for raw, schemas in _from_doc(r))
+
+
+def _items(path: Path, prefix: str) -> Iterator[Any]:
+    """The values at ``prefix`` (an ``ijson`` path), streamed; the depth was checked by
+    :func:`probe_layout`."""
+    with open_utf8(path, clean=True) as f:
+        yield from ijson.items(f, prefix, use_float=True)
+
+
+def load_conversations(path: Path, stats: IngestionStats) -> list[tuple[list, dict]]:
+    """Every conversation of a JSON / JSONL file as lists (holds the file: prefer
+    :func:`iter_conversations`)."""
+    return [(list(raw), schemas) for raw, schemas in iter_conversations(path, stats)]
 
 
 class OpenAIMessagesIngester(BaseIngester):
@@ -272,6 +238,10 @@ class OpenAIMessagesIngester(BaseIngester):
     Args: ``system_prompt`` (used only when a conversation has no system message),
     ``strip_thinking``, ``max_history_tokens``, ``tokenizer``, as for ``ClaudeCodeIngester``.
     ``state_id = f"{path.stem}::{idx:04d}"`` with ``idx`` counting states across the file's conversations.
+
+    The file is read twice, streamed: once for each conversation's tool names (every state carries
+    them), once for the states. Memory is bounded by one history (by ``max_history_tokens`` when set),
+    not by the conversation.
     """
 
     source = "openai"
@@ -288,23 +258,38 @@ class OpenAIMessagesIngester(BaseIngester):
         )
 
     def ingest(self, path: str | Path) -> Iterator[TraceState]:
-        """Yield one TraceState per assistant message of every conversation in ``path``."""
+        """Yield one TraceState per assistant message of every conversation in ``path``.
+
+        Raises:
+            NestingTooDeep: the file nests deeper than Python's recursion limit (nothing is yielded).
+        """
         path = Path(path)
         stats = self.last_stats = IngestionStats()
+        layout = probe_layout(path)
+        tools = []
+        for raw, schemas in iter_conversations(path, IngestionStats(), layout):
+            tracker = ToolTracker()
+            for m in raw:
+                nm = normalize_message(m)
+                if nm is not None:
+                    tracker.feed(nm)
+            tools.append(tracker.tools(schemas))
         builder = self.builder(stats)
         idx = 0
-        for raw, schemas in load_conversations(path, stats):
-            messages = []
-            for m in raw:
-                stats.n_records_total += 1
-                nm = normalize_message(m)
-                if nm is None:
-                    stats.skipped_unknown += 1
-                    stats.n_records_skipped += 1
-                else:
-                    messages.append(nm)
-            for state in builder.build(messages, tool_schemas=schemas):
+        for n, (raw, schemas) in enumerate(iter_conversations(path, stats, layout)):
+            for state in builder.build(self._normalized(raw, stats), tools=tools[n], tool_schemas=schemas):
                 state["state_id"] = f"{path.stem}::{idx:04d}"
                 idx += 1
                 stats.n_states_emitted += 1
                 yield state
+
+    @staticmethod
+    def _normalized(raw: Iterable[Any], stats: IngestionStats) -> Iterator[dict]:
+        for m in raw:
+            stats.n_records_total += 1
+            nm = normalize_message(m)
+            if nm is None:
+                stats.skipped_unknown += 1
+                stats.n_records_skipped += 1
+            else:
+                yield nm

@@ -14,7 +14,6 @@ The format is read from the file's content (its first records), not from its nam
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,13 @@ from typing import Any
 from composer_replication.ingestion.claude_code import ClaudeCodeIngester
 from composer_replication.ingestion.codex import CodexIngester
 from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester
+from composer_replication.ingestion.streaming import (
+    MalformedJSON,
+    has_content,
+    iter_events,
+    open_utf8,
+    skip_value,
+)
 from composer_replication.ingestion.swe_agent import SWEAgentIngester
 from composer_replication.types import TraceState
 
@@ -66,7 +72,6 @@ _CODEX_ITEMS = frozenset(
         "web_search_call",
     }
 )
-_HEAD_BYTES = 1 << 20
 _MAX_LINES = 20
 
 
@@ -120,43 +125,66 @@ def _classify_doc(doc: Any) -> str | None:
     return None
 
 
+def _prune(event: str, value: Any, events: Iterator[tuple[str, Any]], depth: int = 0) -> Any:
+    """The JSON value starting with ``(event, value)``, pruned to what the classifiers read:
+    containers to depth 3, the first 20 items of each list, strings up to 200 characters (longer
+    ones, such as a pasted image, become ""). Built from streamed events, so a record of any size
+    costs no more than its pruned form."""
+    if event not in ("start_map", "start_array"):
+        return "" if isinstance(value, str) and len(value) > 200 else value
+    if depth >= 3:
+        skip_value(event, events)
+        return {} if event == "start_map" else []
+    out: Any = {} if event == "start_map" else []
+    key = None
+    for event, value in events:
+        if event in ("end_map", "end_array"):
+            return out
+        if event == "map_key":
+            key = value
+            continue
+        item = _prune(event, value, events, depth + 1)
+        if isinstance(out, dict):
+            out[key] = item
+        elif len(out) < _MAX_LINES:
+            out.append(item)
+    return out
+
+
 def detect_format(path: str | Path) -> str:
     """Name the trace format of ``path`` from its content (one of :data:`FORMATS`).
 
+    The first 20 JSON values (the lines of a JSONL file, or the one document of a JSON file) vote;
+    they are streamed and pruned, so a first record of many megabytes (a pasted image) or a large
+    document costs little memory. UTF-8 (with or without a BOM) and UTF-16 are read.
+
     Raises:
-        ValueError: the content matches no known format (the message lists them and how to force one).
+        ValueError: the file is empty, or its content matches no known format (the message lists
+            the formats and how to force one).
+        NestingTooDeep: the JSON nests deeper than Python's recursion limit.
     """
     path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(_HEAD_BYTES)
-    if not head.strip(b" \t\r\n\x00"):
-        raise ValueError(f"{path} is empty (no records): nothing to ingest")
-    text = head.decode("utf-8", errors="replace")
     votes: list[str] = []
-    for line in text.splitlines()[:_MAX_LINES]:
-        line = line.strip().strip("\x00")
-        if not line:
-            continue
+    with open_utf8(path, clean=True) as f:
+        events = iter_events(f, path)
         try:
-            rec = json.loads(line)
-        except ValueError:
-            break  # a pretty-printed JSON document (or a truncated line)
-        kind = _classify_record(rec)
-        if kind is not None:
-            votes.append(kind)
+            for event, value in events:
+                rec = _prune(event, value, events)
+                kind = _classify_record(rec) if isinstance(rec, dict) else _classify_doc(rec)
+                if kind is not None:
+                    votes.append(kind)
+                if len(votes) >= _MAX_LINES:
+                    break
+        except MalformedJSON:
+            pass  # a damaged line: the records before it vote
     if votes:
         return max(set(votes), key=votes.count)
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
-    except ValueError:
-        doc = None
-    kind = _classify_doc(doc)
-    if kind is None:
-        raise ValueError(
-            f"could not tell the trace format of {path} from its content; known formats: {', '.join(FORMATS)}. "
-            "Force one with ingest_any(path, format='claude_code') or the CLI's --format claude_code."
-        )
-    return kind
+    if not has_content(path):
+        raise ValueError(f"{path} is empty (no records): nothing to ingest")
+    raise ValueError(
+        f"could not tell the trace format of {path} from its content; known formats: {', '.join(FORMATS)}. "
+        "Force one with ingest_any(path, format='claude_code') or the CLI's --format claude_code."
+    )
 
 
 def make_ingester(format: str, **kwargs: Any) -> Any:

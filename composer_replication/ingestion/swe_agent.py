@@ -15,12 +15,12 @@ A ``.traj`` is one JSON object: ``trajectory[]`` steps (``response``, ``thought`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from composer_replication.ingestion.history import IngestionStats
 from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester, normalize_message
+from composer_replication.ingestion.streaming import NestingTooDeep, loads, read_text
 from composer_replication.types import TraceState
 
 __all__ = ["SWEAgentIngester", "step_action"]
@@ -65,7 +65,9 @@ class SWEAgentIngester(OpenAIMessagesIngester):
         path = Path(path)
         stats = self.last_stats = IngestionStats()
         try:
-            doc = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+            doc = loads(read_text(path), path)
+        except NestingTooDeep:
+            raise
         except ValueError:
             stats.n_records_total += 1
             stats.skipped_truncated_lines += 1
