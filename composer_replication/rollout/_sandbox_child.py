@@ -64,84 +64,45 @@ TESTS_LINE0 = 1_000_000  # tests.py lines are compiled at this offset, solution.
 SOLUTION_LINE0 = 2_000_000  # a traceback then names its files without reading any frame object
 
 
-def _make_hook(workdir):
-    """The audit hook; its tables and helpers are bound here, out of reach of the code it watches."""
+def _hook_tables():
+    """The hook's tables, built fresh and immutable (frozensets, a read-only mapping), never module globals."""
     blocked = frozenset(
-        {
-            "os.fork",
-            "os.forkpty",
-            "os.system",
-            "os.exec",
-            "os.posix_spawn",
-            "os.spawn",
-            "os.startfile",
-            "subprocess.Popen",
-            "os.kill",
-            "os.killpg",
-            "signal.pthread_kill",
-            "resource.setrlimit",
-            "resource.prlimit",
-            "socket.__new__",
-            "socket.getaddrinfo",
-            "socket.gethostbyname",
-            "socket.gethostbyname_ex",
-            "socket.gethostbyaddr",
-            "socket.connect",
-            "socket.bind",
-            "socket.sendto",
-            "webbrowser.open",
-            "gc.get_objects",
-            "gc.get_referrers",
-            "gc.get_referents",
-            "sys.remote_exec",
-            "sys._current_frames",
-            "sys._current_exceptions",
-            "sys.settrace",
-            "sys.setprofile",
-            "sys.monitoring.register_callback",
-            "sys.addaudithook",
-            "_thread.start_new_thread",
-            "code.__new__",
-        }
+        (
+            "os.fork os.forkpty os.system os.exec os.posix_spawn os.spawn os.startfile subprocess.Popen "
+            "os.kill os.killpg signal.pthread_kill resource.setrlimit resource.prlimit socket.__new__ "
+            "socket.getaddrinfo socket.gethostbyname socket.gethostbyname_ex socket.gethostbyaddr "
+            "socket.connect socket.bind socket.sendto webbrowser.open gc.get_objects gc.get_referrers "
+            "gc.get_referents sys.remote_exec sys._current_frames sys._current_exceptions sys.settrace "
+            "sys.setprofile sys.monitoring.register_callback sys.addaudithook _thread.start_new_thread "
+            "code.__new__"
+        ).split()
     )
     # Frames lead to the runner's namespaces. ValueError is what sys._getframe raises natively, so
     # namedtuple, enum and logging, which guard their frame look-ups with it, keep working.
-    frame_events = frozenset({"sys._getframe", "sys._getframemodulename"})
-    frame_attrs = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+    frame_events = frozenset(("sys._getframe", "sys._getframemodulename"))
+    frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"))
     blocked_imports = frozenset(
-        {
-            "ctypes",
-            "_ctypes",
-            "_posixsubprocess",
-            "multiprocessing",
-            "_multiprocessing",
-            "_signal",
-            "signal",
-            "posix",
-            "_xxsubinterpreters",
-            "_xxinterpchannels",
-        }
+        (
+            "ctypes _ctypes _posixsubprocess multiprocessing _multiprocessing _signal signal posix "
+            "_xxsubinterpreters _xxinterpchannels"
+        ).split()
     )
-    # event -> ((index of a path being changed, index of its dir_fd argument or None), ...)
-    path_events = {
-        "os.remove": ((0, 1),),
-        "os.rmdir": ((0, 1),),
-        "os.mkdir": ((0, 2),),
-        "os.rename": ((0, 2), (1, 3)),
-        "os.symlink": ((1, 2),),
-        "os.link": ((0, 2), (1, 3)),
-        "os.chmod": ((0, 2),),
-        "os.chown": ((0, 3),),
-        "os.truncate": ((0, None),),
-        "os.utime": ((0, 3),),
-        "shutil.rmtree": ((0, 1),),
-        "shutil.copyfile": ((1, None),),
-        "shutil.copymode": ((1, None),),
-        "shutil.copystat": ((1, None),),
-        "shutil.move": ((0, None), (1, None)),
-        "os.setxattr": ((0, None),),
-        "os.removexattr": ((0, None),),
-    }
+    # event -> ((index of a path being changed, index of its dir_fd argument or -1), ...)
+    spec = (
+        "os.remove:0/1 os.rmdir:0/1 os.mkdir:0/2 os.rename:0/2,1/3 os.symlink:1/2 os.link:0/2,1/3 "
+        "os.chmod:0/2 os.chown:0/3 os.truncate:0/-1 os.utime:0/3 shutil.rmtree:0/1 shutil.copyfile:1/-1 "
+        "shutil.copymode:1/-1 shutil.copystat:1/-1 shutil.move:0/-1,1/-1 os.setxattr:0/-1 os.removexattr:0/-1"
+    )
+    path_events = {}
+    for item in spec.split():
+        event, pairs = item.split(":")
+        path_events[event] = tuple(tuple(int(x) for x in p.split("/")) for p in pairs.split(","))
+    return blocked, frame_events, frame_attrs, blocked_imports, types.MappingProxyType(path_events)
+
+
+def _make_hook(workdir):
+    """The audit hook; its tables and helpers are bound here, out of reach of the code it watches."""
+    blocked, frame_events, frame_attrs, blocked_imports, path_events = _hook_tables()
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     work = os.path.realpath(workdir)
     realpath, fsdecode, sep, join, isdir, readlink = (
@@ -185,6 +146,8 @@ def _make_hook(workdir):
             event == "object.__getattr__" and _len(args) > 1 and args[1] in frame_attrs
         ):
             raise _ValueError(f"sandbox: {event} is not allowed (frames are out of reach)")
+        if event == "object.__setattr__" and _len(args) > 1 and args[1] == "__code__":
+            raise _PermissionError("sandbox: replacing a function's code is not allowed")
         if event == "import" and args:
             top = _str(args[0]).split(".")[0]
             if top in blocked_imports or top.startswith("_test"):
@@ -202,9 +165,7 @@ def _make_hook(workdir):
                 )
         elif event in path_events:
             for i, j in path_events[event]:
-                if i < _len(args) and not inside(
-                    args[i], args[j] if j is not None and j < _len(args) else None
-                ):
+                if i < _len(args) and not inside(args[i], args[j] if 0 <= j < _len(args) else None):
                     raise _PermissionError(f"sandbox: {event} on {args[i]!r} outside the working directory")
 
     return hook
@@ -299,6 +260,47 @@ def _import_test_modules(tree, builtins):
     return mods
 
 
+def _make_test_loop(emit, flush, fmt, snapshot):
+    """``run_tests([(name, fn), ...])``: run each test, flush its checks, report its end, then exit.
+
+    Built before candidate code runs; ``snapshot`` holds ``(module dict, its items)`` of the
+    modules the tests use, so that a solution that patched one fails every later test.
+    """
+    _callable, _str_repr, _exit, _sys, missing = callable, str.__repr__, os._exit, sys, object()
+    _BaseException, _RuntimeError, _TypeError = BaseException, RuntimeError, TypeError
+
+    def tampered():
+        for now, then in snapshot:
+            for key, value in then:
+                if now.get(key, missing) is not value:
+                    return key
+        return None
+
+    def run_tests(fns):
+        for name, fn in fns:
+            try:
+                changed = tampered()
+                if changed is not None:
+                    raise _RuntimeError(f"the solution changed {changed!r} in a module the tests use")
+                if not _callable(fn):
+                    raise _TypeError(f"{name} is not callable")
+                fn()
+                flush(name)
+                emit(f"('end',{_str_repr(name)},None,None)")
+            except _BaseException as e:  # noqa: BLE001 - the candidate's failure is the result
+                flush(name)
+                emit("('end',{},{},{})".format(_str_repr(name), *fmt(e)))
+        emit("('done',)")
+        for stream in (_sys.stdout, _sys.stderr):
+            try:
+                stream.flush()
+            except _BaseException:  # noqa: BLE001
+                pass
+        _exit(0)
+
+    return run_tests
+
+
 def main():
     cfg = json.loads(sys.stdin.read())
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -323,28 +325,21 @@ def main():
     except SyntaxError as e:
         emit(f"('load','tests','TestsSyntaxError',{_str_repr(f'SyntaxError in tests: {e}')})")
         _exit(0)
-    helpers, set_test = facts.make_checker(emit)
+    helpers, take = facts.make_checker()
+    flush = facts.make_flusher(emit, take)
     import builtins
 
     pristine = dict(builtins.__dict__)
     watched = _import_test_modules(tree, builtins)
     snapshot = [(mod.__dict__, tuple(mod.__dict__.items())) for mod in watched.values()]
-    missing = object()
-    _dict, _items, _callable, _exec, _BaseException = dict, dict.items, callable, exec, BaseException
-    _RuntimeError, _TypeError, _sys = RuntimeError, TypeError, sys
+    _dict, _items, _exec, _BaseException = dict, dict.items, exec, BaseException
     sys.dont_write_bytecode = True
     if cfg.get("audit_hook", True):
         _disarm_unaudited()
         sys.addaudithook(_make_hook(os.getcwd()))
     del facts, tree, cfg
 
-    def tampered():
-        for now, then in snapshot:
-            for key, value in then:
-                if now.get(key, missing) is not value:
-                    return key
-        return None
-
+    run_tests = _make_test_loop(emit, flush, fmt, snapshot)
     solution_ns = {"__name__": "solution", "__builtins__": builtins}
     try:
         _exec(_compile_at(solution_src, "solution.py", SOLUTION_LINE0), solution_ns)
@@ -359,26 +354,9 @@ def main():
     except _BaseException as e:  # noqa: BLE001
         emit("('load','tests',{},{})".format(*fmt(e)))
         _exit(0)
-    for name in names:
-        set_test(name)
-        try:
-            changed = tampered()
-            if changed is not None:
-                raise _RuntimeError(f"the solution changed {changed!r} in a module the tests use")
-            fn = tests_ns.get(name)
-            if not _callable(fn):
-                raise _TypeError(f"{name} is not callable")
-            fn()
-            emit(f"('end',{_str_repr(name)},None,None)")
-        except _BaseException as e:  # noqa: BLE001
-            emit("('end',{},{},{})".format(_str_repr(name), *fmt(e)))
-    emit("('done',)")
-    for stream in (_sys.stdout, _sys.stderr):
-        try:
-            stream.flush()
-        except _BaseException:  # noqa: BLE001
-            pass
-    _exit(0)
+    fns = [(name, tests_ns.get(name)) for name in names]  # before any test runs candidate code
+    take()  # checks made while the tests module loaded belong to no test
+    run_tests(fns)
 
 
 if __name__ == "__main__":

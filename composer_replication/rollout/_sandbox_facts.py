@@ -145,35 +145,33 @@ def rewrite_tests(tests: str) -> tuple[ast.Module, list[object]]:
 # ---------------------------------------------------------------------------- child side
 
 
-def make_checker(emit: Callable[[str], None]) -> tuple[dict[str, Callable], Callable[[str], None]]:
-    """The functions the rewritten tests call (``__cr_*__``), and a setter of the current test name.
+def make_encoder() -> Callable[[object], str]:
+    """``encode(value) -> str``: a plain value as a tagged Python literal (``('i', 3)``, ``('l', (...))``).
 
-    Call before any candidate code runs: every builtin used below is bound here, so the nested
-    functions look up no global name. ``emit`` receives one record per executed assert:
-    ``('check', test, site, ((leaf, value), ...))`` as a Python literal.
+    Raises ``TypeError`` for anything but plain data (exact types only), ``ValueError`` past 1 MiB
+    or 48 levels. Every builtin it uses is bound when this is called (call it before candidate code
+    runs): the nested functions look up no global name, so patching ``builtins`` changes nothing.
     """
-    _type, _len, _bool, _tuple, _str_join = type, len, bool, tuple, str.join
+    _type, _len, _str_join, _dict_items = type, len, str.join, dict.items
     _int_repr, _float_repr, _str_repr, _bytes_repr = (
         int.__repr__,
         float.__repr__,
         str.__repr__,
         bytes.__repr__,
     )
-    _dict_items, _TypeError, _ValueError = dict.items, TypeError, ValueError
+    _TypeError, _ValueError = TypeError, ValueError
     _name_of = type.__dict__["__name__"].__get__  # bypasses a metaclass's __getattribute__
-    _int, _float, _complex, _str, _bytes = int, float, complex, str, bytes
-    _list, _dict, _set, _frozenset, _NoneType = list, dict, set, frozenset, type(None)
+    _bool, _int, _float, _complex, _str, _bytes = bool, int, float, complex, str, bytes
+    _list, _tuple, _dict, _set, _frozenset, _NoneType = list, tuple, dict, set, frozenset, type(None)
     _seq_tags = ((_list, "l"), (_tuple, "t"), (_set, "S"), (_frozenset, "F"))
     _max_depth, _max_chars = MAX_DEPTH, MAX_CHARS
-    _repr = repr  # only ever applied to plain data
-    state = {"test": "", "leaves": [], "values": []}
 
     def seq(items: list) -> str:
         return "(" + _str_join(",", items) + ("," if items else "") + ")"
 
     def enc(v: object, depth: int, budget: list) -> str:
         if depth > _max_depth:
-            raise _TypeError("a value checked by an assert is nested too deeply (over 48 levels)")
+            raise _ValueError("a value checked by an assert is nested too deeply (over 48 levels)")
         t = _type(v)
         if t is _NoneType:
             out = "('n',)"
@@ -193,13 +191,8 @@ def make_checker(emit: Callable[[str], None]) -> tuple[dict[str, Callable], Call
         elif t is _bytes:
             out = "('y'," + _bytes_repr(v) + ")"
         elif t is _dict:
-            out = (
-                "('d',"
-                + seq(
-                    [seq([enc(a, depth + 1, budget), enc(b, depth + 1, budget)]) for a, b in _dict_items(v)]
-                )
-                + ")"
-            )
+            pairs = [seq([enc(a, depth + 1, budget), enc(b, depth + 1, budget)]) for a, b in _dict_items(v)]
+            out = "('d'," + seq(pairs) + ")"
         else:
             tag = None
             for typ, name in _seq_tags:
@@ -216,31 +209,48 @@ def make_checker(emit: Callable[[str], None]) -> tuple[dict[str, Callable], Call
             raise _ValueError("the values checked by one assert are over 1 MiB once serialized")
         return out
 
+    def encode(v: object) -> str:
+        return enc(v, 0, [_max_chars])
+
+    return encode
+
+
+def make_checker() -> tuple[dict[str, Callable], Callable[[], object]]:
+    """The functions the rewritten tests call (``__cr_*__``), and ``take()`` for the runner.
+
+    The helpers hold no means of reporting: each executed assert appends ``(site, ((leaf, value),
+    ...))`` to a buffer that ``take()`` hands over (and empties). The runner serializes it itself,
+    with :func:`make_flusher`, after the test returns. Candidate code that reaches these helpers
+    (through a callback's ``__globals__``, say) can add checks, which never makes a test pass.
+    """
+    encode, _bool, _tuple, _repr, _str_join = make_encoder(), bool, tuple, repr, str.join
+    state = {"checks": [], "values": []}
+
     def plain(v: object) -> object:
-        enc(v, 0, [_max_chars])
+        encode(v)
         return v
 
     def begin(k: int) -> None:
-        state["leaves"], state["values"] = [], []
+        state["values"] = []
 
     def leaf(k: int, j: int, v: object) -> object:
-        state["leaves"].append(seq([_int_repr(j), enc(v, 0, [_max_chars])]))
-        state["values"].append(v)
+        encode(v)
+        state["values"].append((j, v))
         return v
 
     def check(k: int, v: object) -> bool:
-        enc(v, 0, [_max_chars])  # the result of operations on plain data is plain
-        emit("('check'," + _str_repr(state["test"]) + "," + _int_repr(k) + "," + seq(state["leaves"]) + ")")
+        encode(v)  # the result of operations on plain data is plain
+        state["checks"].append((k, _tuple(state["values"])))
         return _bool(v)
 
     def message(k: int, source: str, msg: object = None) -> object:
         if msg is not None:
             return msg
-        shown = _str_join(", ", [_repr(v)[:200] for v in state["values"]])
-        return source + " (values: " + shown + ")"
+        return source + " (values: " + _str_join(", ", [_repr(v)[:200] for _, v in state["values"]]) + ")"
 
-    def set_test(name: str) -> None:
-        state["test"] = name
+    def take() -> object:
+        out, state["checks"] = state["checks"], []
+        return out
 
     helpers = {
         PREFIX + "plain__": plain,
@@ -249,7 +259,48 @@ def make_checker(emit: Callable[[str], None]) -> tuple[dict[str, Callable], Call
         PREFIX + "assert__": check,
         PREFIX + "message__": message,
     }
-    return helpers, set_test
+    return helpers, take
+
+
+def make_flusher(emit: Callable[[str], None], take: Callable[[], object]) -> Callable[[str], None]:
+    """``flush(test)``: emit ``('check', test, site, ((leaf, value), ...))`` for each buffered assert.
+
+    Validates what ``take()`` returns with exact-type checks and serializes the values with an
+    encoder of its own, so a tampered buffer yields a check that fails (site ``-1``), never a
+    record of the candidate's making.
+    """
+    encode, _type, _len, _str_join = make_encoder(), type, len, str.join
+    _int, _tuple, _list, _int_repr, _str_repr = int, tuple, list, int.__repr__, str.__repr__
+    _BaseException, _ValueError = BaseException, ValueError
+
+    def one(name: str, entry: object) -> str:
+        if _type(entry) is not _tuple or _len(entry) != 2 or _type(entry[0]) is not _int:
+            raise _ValueError
+        if _type(entry[1]) is not _tuple:
+            raise _ValueError
+        parts = []
+        for pair in entry[1]:
+            if _type(pair) is not _tuple or _len(pair) != 2 or _type(pair[0]) is not _int:
+                raise _ValueError
+            parts.append("(" + _int_repr(pair[0]) + "," + encode(pair[1]) + ")")
+        body = "(" + _str_join(",", parts) + ("," if parts else "") + ")"
+        return "('check'," + _str_repr(name) + "," + _int_repr(entry[0]) + "," + body + ")"
+
+    def flush(name: str) -> None:
+        failed = "('check'," + _str_repr(name) + ",-1,())"
+        try:
+            entries = take()
+            if _type(entries) is not _list:
+                raise _ValueError
+            for entry in entries:
+                try:
+                    emit(one(name, entry))
+                except _BaseException:  # noqa: BLE001 - tampered: a check the parent judges false
+                    emit(failed)
+        except _BaseException:  # noqa: BLE001
+            emit(failed)
+
+    return flush
 
 
 # ---------------------------------------------------------------------------- parent side

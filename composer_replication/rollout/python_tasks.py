@@ -3,8 +3,9 @@
 A :class:`PythonTask` is a prompt, a reference solution (used to test the environment itself) and
 plain-``assert`` unit tests. :class:`PythonTaskEnvironment` extracts the code from a sampled answer
 (:func:`extract_code`), runs it with the tests through
-:func:`~composer_replication.rollout.sandbox.run_python_sandboxed`, and rewards the fraction of
-tests passed (1.0 when all pass).
+:func:`~composer_replication.rollout.sandbox.run_python_sandboxed` (an OS sandbox; the parent judges
+each assert on the plain values the child reports), and rewards the fraction of tests passed
+(1.0 when all pass).
 
 Error kinds, for the hint generator: no code in the answer, or a ``SyntaxError`` /
 ``IndentationError`` -> ``other``; a ``TypeError`` -> ``type_error``; anything else (failed
@@ -113,6 +114,9 @@ class PythonTaskEnvironment:
         tasks: the tasks (default: :func:`load_bundled_tasks`).
         timeout_s: wall-clock limit per run.
         memory_mb: address-space limit per run.
+        os_sandbox: ``"auto"``, ``"require"`` or ``"off"``: see
+            :func:`~composer_replication.rollout.sandbox.run_python_sandboxed` (``details["isolation"]``
+            of every score says which isolation the run had).
         system_prompt: the system message of every prompt.
 
     Raises:
@@ -127,6 +131,7 @@ class PythonTaskEnvironment:
         *,
         timeout_s: float = 5.0,
         memory_mb: int = 256,
+        os_sandbox: str = "auto",
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     ) -> None:
         self.tasks = list(tasks) if tasks is not None else load_bundled_tasks()
@@ -136,6 +141,7 @@ class PythonTaskEnvironment:
         if len(set(ids)) != len(ids):
             raise ValueError(f"PythonTaskEnvironment: task ids must be unique, got {ids}.")
         self.timeout_s, self.memory_mb, self.system_prompt = timeout_s, memory_mb, system_prompt
+        self.os_sandbox = os_sandbox
 
     def prompts(self) -> list[Prompt]:
         """One prompt per task: system message + the task's instruction."""
@@ -161,10 +167,12 @@ class PythonTaskEnvironment:
         if not code.strip():
             return Score(0.0, error_kind="other", error_meta=_meta(prompt, "The answer contains no code.", "other"),
                          details={"n_passed": 0, "n_total": 0})
-        res = run_python_sandboxed(code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+        res = run_python_sandboxed(
+            code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb, os_sandbox=self.os_sandbox
+        )
         reward = res.n_passed / res.n_total if res.n_total else 0.0
         details = {"n_passed": res.n_passed, "n_total": res.n_total, "timed_out": res.timed_out,
-                   "error_type": res.error_type}
+                   "error_type": res.error_type, "isolation": res.isolation}
         if res.passed:
             return Score(1.0, details=details)
         kind = _error_kind(res)

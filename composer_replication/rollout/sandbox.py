@@ -155,11 +155,8 @@ def run_python_sandboxed(
             unknown or a readable path does not exist.
         SandboxUnavailableError: ``os_sandbox="require"`` and bubblewrap cannot run here.
     """
-    _check_args(code, tests, (timeout_s, memory_mb, max_output_bytes, max_open_files, disk_mb), os_sandbox)
-    readable = [os.path.realpath(p) for p in readable_paths]
-    for p in readable:
-        if not os.path.exists(p):
-            raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
+    limits = (timeout_s, memory_mb, max_output_bytes, max_open_files, disk_mb)
+    readable = _check_args(code, tests, limits, os_sandbox, readable_paths)
     try:
         names = facts.test_names(tests)
         _, sites = facts.rewrite_tests(tests)
@@ -271,6 +268,7 @@ def _run_child(
                 for fd in (rec_w, info_w):
                     if fd >= 0:
                         os.close(fd)
+                (root / "config.json").unlink()  # the nonce: the child reads it from its open stdin
             reader.start()
             timed_out = _wait_or_kill(proc, timeout_s)
             pidns = _read_pidns(info_r) if bwrap else None
@@ -349,7 +347,10 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
 # ---------------------------------------------------------------------------- scoring
 
 
-def _check_args(code: object, tests: object, limits: tuple, os_sandbox: str) -> None:
+def _check_args(
+    code: object, tests: object, limits: tuple, os_sandbox: str, readable_paths: Sequence
+) -> list[str]:
+    """Validate the arguments; return the readable paths resolved."""
     if not isinstance(code, str) or not isinstance(tests, str):
         raise ValueError(
             f"code and tests must be Python source strings; got {type(code).__name__} and "
@@ -362,6 +363,11 @@ def _check_args(code: object, tests: object, limits: tuple, os_sandbox: str) -> 
             raise ValueError(f"{name} must be positive and finite, got {value!r}; pass a positive limit.")
     if os_sandbox not in ("auto", "require", "off"):
         raise ValueError(f"os_sandbox must be 'auto', 'require' or 'off', got {os_sandbox!r}.")
+    readable = [os.path.realpath(p) for p in readable_paths]
+    for p in readable:
+        if not os.path.exists(p):
+            raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
+    return readable
 
 
 def _tail_of(f, limit: int) -> str:  # noqa: ANN001 - a binary file object

@@ -286,8 +286,66 @@ def test_patching_what_the_tests_use_does_not_pay(layer, tamper):
     assert res.n_passed == 0, (res.test_results, res.error)
 
 
+CALLBACK_TESTS = (
+    "def double(x):\n    return 2 * x\n\n"
+    "def test_a():\n    assert apply(double, 2) == 4\n\n"
+    "def test_b():\n    assert apply(double, 3) == 6\n"
+)
+WALK = (  # from a callback of the tests' to every function and closure cell it can reach
+    "def reach(f):\n"
+    "    seen, todo, out = set(), list(f.__globals__.values()), []\n"
+    "    while todo:\n"
+    "        o = todo.pop()\n"
+    "        if id(o) in seen:\n"
+    "            continue\n"
+    "        seen.add(id(o))\n"
+    "        out.append(o)\n"
+    "        for c in getattr(o, '__closure__', None) or ():\n"
+    "            try:\n"
+    "                todo.append(c.cell_contents)\n"
+    "            except ValueError:\n"
+    "                pass\n"
+    "    return out\n"
+)
+CALLBACK_HACKS = {
+    "call-reporters": WALK + "def apply(f, x):\n    for o in reach(f):\n        if callable(o):\n"
+    "            for rec in (\"('end','test_a',None,None)\", \"('end','test_b',None,None)\", \"('done',)\"):\n"
+    "                try:\n                    o(rec)\n                except Exception:\n                    pass\n"
+    "    import os\n    os._exit(0)\n",
+    "rebind-tests": "def apply(f, x):\n    f.__globals__['test_a'] = f.__globals__['test_b'] = lambda: None\n    return 0\n",
+    "replace-test-code": "def apply(f, x):\n    for t in ('test_a', 'test_b'):\n        try:\n"
+    "            f.__globals__[t].__code__ = (lambda: None).__code__\n        except Exception:\n            pass\n"
+    "    return 0\n",
+}
+
+
+@pytest.mark.parametrize("layer", ["os+hook", "hook-only"])
+@pytest.mark.parametrize("hack", CALLBACK_HACKS)
+def test_a_callback_into_the_tests_namespace_does_not_pay(layer, hack):
+    """A test that hands its own function to the solution opens its namespace (``__globals__``)."""
+    assert run(layer, "def apply(f, x):\n    return f(x)\n", CALLBACK_TESTS).passed  # control
+    res = run(layer, CALLBACK_HACKS[hack], CALLBACK_TESTS)
+    assert not res.passed and res.n_passed == 0, (res.test_results, res.error)
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_honest_solutions_still_score(layer):
     assert run(layer, ADD).n_passed == 3
     wrong = run(layer, WRONG_ADD)
     assert not wrong.passed and wrong.n_passed == 1  # only add(0, 0) == 0 holds
+
+
+def test_bundled_tasks_pay_references_and_not_always_equal_objects():
+    """The environment's reward: 1.0 for each reference solution, 0.0 for an object that equals anything."""
+    from composer_replication.rollout.python_tasks import PythonTaskEnvironment
+
+    env = PythonTaskEnvironment()
+    hack = (
+        "```python\nclass E:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+        "    __bool__ = lambda s: True\n    __hash__ = object.__hash__\n"
+        "def {fn}(*args, **kwargs):\n    return E()\n```"
+    )
+    for prompt in env.prompts():
+        assert env.score(prompt, prompt.reference).reward == 1.0, prompt.prompt_id
+        cheat = env.score(prompt, hack.format(fn=prompt.metadata["entry_point"]))
+        assert cheat.reward == 0.0, (prompt.prompt_id, cheat.details)

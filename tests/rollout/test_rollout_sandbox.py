@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from composer_replication.rollout import sandbox as sandbox_mod
-from composer_replication.rollout._sandbox_facts import decode, judge_check, make_checker, rewrite_tests
+from composer_replication.rollout._sandbox_facts import (
+    decode,
+    judge_check,
+    make_checker,
+    make_flusher,
+    rewrite_tests,
+)
 from composer_replication.rollout._sandbox_procs import group_members, kill_group
 from composer_replication.rollout.sandbox import (
     SandboxUnavailableError,
@@ -329,8 +335,9 @@ def test_checker_functions_look_up_no_global_name():
     """Patching builtins or the facts module from candidate code cannot change the checker."""
     import dis
 
-    helpers, set_test = make_checker(lambda text: None)
-    todo = [f.__code__ for f in [*helpers.values(), set_test]]
+    helpers, take = make_checker()
+    flush = make_flusher(lambda text: None, take)
+    todo = [f.__code__ for f in [*helpers.values(), take, flush]]
     seen = 0
     while todo:
         code = todo.pop()
