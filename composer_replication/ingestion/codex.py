@@ -289,5 +289,5 @@ def _call_parts(item: dict) -> tuple[str, Any, str]:
     try:
         parsed = json.loads(raw)
         return name, parsed if isinstance(parsed, dict) else raw, cid
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit: kept as text
         return name, raw, cid

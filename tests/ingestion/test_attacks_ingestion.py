@@ -7,6 +7,7 @@ output, and files nested deeper than Python can decode.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -181,3 +182,17 @@ def test_deep_nesting_in_a_subprocess_prints_one_reason_and_no_traceback(tmp_pat
     assert r.returncode == 1  # nothing readable: exit 1 with a reason, not a crash
     assert "Traceback" not in r.stderr and "no file could be read" in r.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_deeply_nested_tool_arguments_inside_a_string_are_kept_as_text(tmp_path: Path) -> None:
+    # the file itself is shallow; only the arguments string decodes deeper than the limit
+    deep_args = _deep()
+    item = {"type": "function_call", "name": "shell", "arguments": deep_args, "call_id": "c9"}
+    line = {"timestamp": "2026-03-01T10:09:00.000Z", "type": "response_item", "payload": item}
+    f = tmp_path / "codex.jsonl"
+    f.write_text((FIX / "codex_current.jsonl").read_text() + json.dumps(line) + "\n")
+    states = list(ingest_any(f))  # today: RecursionError
+    assert len(states) == len(list(ingest_any(FIX / "codex_current.jsonl")))  # joins the last turn
+    assert (
+        "[TOOL_USE] name=shell" in states[-1]["student_action"] and deep_args in states[-1]["student_action"]
+    )
