@@ -4,7 +4,7 @@
     python -m benchmarks.learning --preset tiny --steps 8 --seeds 2 # shorter
 
 Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), run one after the
-other (seeds after the first reuse its teacher ledger, so they skip the replay). From each run's ``metrics.jsonl`` the benchmark takes ``reward_mean`` per step, and reports the
+other (seeds after the first reuse its teacher ledger, so they skip the replay). From each run's ``metrics.jsonl`` the benchmark takes ``reward/mean`` per step, and reports the
 mean of the first quarter of the steps, the mean of the last quarter, and their difference; then the
 mean difference over seeds with its standard deviation (the spread), and whether the mean difference
 exceeds the spread (the margin).
@@ -33,7 +33,7 @@ def quarters(rewards: list[float]) -> tuple[float, float]:
 
 
 def run_seed(preset: str, seed: int, steps: int | None, folder: Path, overrides: list[str]) -> list[float]:
-    """One recipe run; returns its per-step ``reward_mean`` curve (NaN steps dropped)."""
+    """One recipe run; returns its per-step ``reward/mean`` curve (NaN steps dropped)."""
     args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"student.seed={seed}",
             f"run.dir={folder}", "run.display=plain", "run.evaluate=false", *overrides]
     if steps is not None:
@@ -42,7 +42,7 @@ def run_seed(preset: str, seed: int, steps: int | None, folder: Path, overrides:
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [float(m["reward_mean"]) for m in lines if m.get("reward_mean") is not None]
+    return [float(m["reward/mean"]) for m in lines if m.get("reward/mean") is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

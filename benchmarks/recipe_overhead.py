@@ -14,7 +14,6 @@ Target: mesh / plain <= 1.10. Same seed on both sides, so the losses must also m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -22,9 +21,8 @@ from pathlib import Path
 
 
 def _pairs(cfg, states):
-    from composer_replication.teacher_replay import TeacherReplayer
-    from meshes.teacher import PairCollector
-    from recipes.monarch.config import normalize_pairs
+    from composer_replication.replaysim import DJNormalizer
+    from composer_replication.teacher_replay import PairCollector, TeacherReplayer
 
     t = cfg.teachers
     rp = TeacherReplayer(cfg.teacher_specs(), max_tokens=t.max_tokens, temperature=t.temperature, seed=cfg.student.seed)
@@ -33,13 +31,7 @@ def _pairs(cfg, states):
     results = asyncio.run(rp.replay(states, max_total_usd=t.max_total_usd))
     coll = PairCollector(states, num_teachers=len(t.slugs), agreement_threshold=t.agreement_threshold)
     pairs = [p for r in results for p in coll.add(r)]
-    return [json.loads(json.dumps(_as_dict(p))) for p in normalize_pairs(cfg, pairs)]
-
-
-def _as_dict(p):
-    from composer_replication.engine.data import pair_to_dict
-
-    return pair_to_dict(p)
+    return DJNormalizer(skip_dj=not t.normalize).normalize(pairs)
 
 
 def plain_side(cfg, data, folder: Path) -> tuple[list[float], list[float], float]:
@@ -50,7 +42,7 @@ def plain_side(cfg, data, folder: Path) -> tuple[list[float], list[float], float
 
     def on_step(step, metrics):
         stamps.append(time.perf_counter())
-        totals.append(metrics["total"])
+        totals.append(metrics["loss/total"])
 
     run_plain(cfg.student, data, folder, checkpoint_every=0, evaluate=False, on_step=on_step)
     first = stamps[0] - t0
@@ -61,7 +53,7 @@ def mesh_side(cfg, states, pairs, folder: Path) -> tuple[list[float], list[float
     """The recipe's actors; returns (logged-step timestamps, totals, setup seconds)."""
     from composer_replication.engine import RunDir
     from meshes import Reducer, StudentTrainer, local_meshes, wait
-    from recipes.monarch.config import REPO_ROOT
+    from recipes.monarch.data import REPO_ROOT
 
     t0 = time.perf_counter()
     meshes = local_meshes(num_replicas=1, env={"PYTHONPATH": str(REPO_ROOT)})
@@ -77,7 +69,7 @@ def mesh_side(cfg, states, pairs, folder: Path) -> tuple[list[float], list[float
             metrics = wait(reducer.aggregate_metrics.call_one(list(per_rank)), actor="reducer", timeout_s=60)
             run.log_metrics(step, metrics)
             stamps.append(time.perf_counter())
-            totals.append(metrics["total"])
+            totals.append(metrics["loss/total"])
         return stamps, totals, stamps[0] - t0
     finally:
         run.close()
@@ -92,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from composer_replication.engine import build_training_data
     from meshes import install_fault_hook
-    from recipes.monarch.config import load_config, load_states
+    from recipes.monarch.config import load_config
+    from recipes.monarch.data import load_states
 
     cfg = load_config(args.preset, [*args.overrides, f"student.num_steps={max(3, args.steps)}"])
     states = load_states(cfg)

@@ -1,4 +1,4 @@
-"""Chat formatting shared by the collator and the rollouts: prompts, responses, hinted teachers.
+"""Chat formatting shared by the whole pipeline: content flattening, prompts, responses, hinted teachers.
 
 One rule everywhere (the batch contract): a *prompt* is the tokenizer's chat template of the
 messages with the generation prompt; a *response* is the action text's tokens followed by the
@@ -7,8 +7,8 @@ rendering of ``messages + [assistant]`` up to the template's trailing newline. A
 become action text (``[TOOL_USE] name=NAME input={json}``, ``composer_replication.actions``), never
 the template's structured ``tool_calls``, so student, teachers and rollouts share one textual form.
 
-``composer_replication.trainer.data_collator`` re-exports every public name here; rollouts import
-:func:`build_prompt_ids`, :func:`build_response_ids` and :func:`build_hinted_teacher_sequence`.
+Everything that turns messages into text or token ids goes through this module: the batching module
+(:mod:`composer_replication.batching`), rollouts, evaluation, teacher prompts and the pair record.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from composer_replication.actions import TOOL_USE_PREFIX, format_tool_use
+from composer_replication.actions import TOOL_USE_PREFIX, format_tool_use, tool_calls_to_action
 
 __all__ = [
     "ROLES",
     "TokenizerLike",
+    "content_text",
+    "messages_action",
     "to_chat_messages",
     "end_of_turn_id",
     "encode_text",
@@ -45,8 +47,15 @@ class TokenizerLike(Protocol):
     def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> Any: ...
 
 
-def _text(content: Any) -> str:
-    """A message's content as text (OpenAI content parts are joined)."""
+def content_text(content: Any) -> str:
+    """A message's ``content`` as text: the string itself, or the text parts of a list joined by newlines.
+
+    The one content flattening of the project (string parts and ``{"text": ...}`` parts are kept;
+    images and other non-text parts are dropped; ``None`` is ``""``).
+
+    Raises:
+        ValueError: ``content`` is neither ``None``, a string nor a list of parts.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -57,6 +66,24 @@ def _text(content: Any) -> str:
         ]
         return "\n".join(p for p in parts if p)
     raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def messages_action(messages: str | Sequence[Mapping[str, Any]] | None) -> str:
+    """The action text of assistant messages (``composer_replication.actions`` form).
+
+    Each assistant message's content and ``tool_calls`` become one action
+    (:func:`~composer_replication.actions.tool_calls_to_action`); several messages are joined by a
+    blank line; other roles are skipped. A string is returned unchanged.
+    """
+    if isinstance(messages, str):
+        return messages
+    parts = [
+        tool_calls_to_action(content_text(m.get("content")), m["tool_calls"]) if m.get("tool_calls")
+        else content_text(m.get("content"))  # kept verbatim: a pair's action is the teacher's original text
+        for m in messages or []
+        if m.get("role", "assistant") == "assistant"
+    ]
+    return "\n\n".join(p for p in parts if p)
 
 
 def _tool_call_text(call: Any) -> str:
@@ -92,7 +119,7 @@ def to_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, st
                 f"message {i} has role {role!r}; expected one of {ROLES} (map other roles, e.g. "
                 "'developer' -> 'system', before collating)"
             )
-        content = _text(m.get("content"))
+        content = content_text(m.get("content"))
         if role == "assistant":
             calls = list(m.get("tool_calls") or []) + ([m["tool_call"]] if m.get("tool_call") else [])
             lines = [content] if content.strip() else []

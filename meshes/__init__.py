@@ -10,9 +10,9 @@
 
 from meshes.hosts import RoleMeshes, attach_meshes, child_pids, local_meshes
 from meshes.reducer import Reducer, mean_metrics, mean_tensors
-from meshes.supervision import ActorFailure, FaultLog, install_fault_hook, names_rank, stream, wait
-from meshes.teacher import PairCollector, TeacherReplay
-from meshes.trainer import FaultSpec, StudentTrainer, replica_dir
+from meshes.supervision import ActorFailure, FaultLog, FaultSpec, install_fault_hook, names_rank, stream, wait
+from meshes.teacher import TeacherReplay
+from meshes.trainer import StudentTrainer, replica_dir
 
 __all__ = [
     "RoleMeshes",
@@ -21,7 +21,6 @@ __all__ = [
     "child_pids",
     "StudentTrainer",
     "TeacherReplay",
-    "PairCollector",
     "Reducer",
     "mean_tensors",
     "mean_metrics",

@@ -45,9 +45,10 @@ def mean_tensors(replicas: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Per-key mean of metric dicts over replicas, ignoring NaN values; counts (``n_*``, ``tokens``) are summed.
+    """Per-key mean of metric dicts over replicas, ignoring NaN values; counts and throughputs are summed.
 
-    ``tokens_per_s`` is summed too (the replicas run in parallel). A key missing or NaN on every
+    Summed: ``*/num_*`` counts, ``rollout/errors/*``, ``replay/truncated``, ``replay/skipped/*``,
+    ``perf/tokens`` and ``perf/tokens_per_s`` (the replicas run in parallel). A key missing or NaN on every
     replica gives NaN.
     """
     keys: list[str] = []
@@ -58,11 +59,18 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
         if not vals:
             out[key] = float("nan")
-        elif key.startswith("n_") or key in ("tokens", "tokens_per_s"):
+        elif _is_summed(key):
             out[key] = float(sum(vals))
         else:
             out[key] = float(sum(vals) / len(vals))
     return out
+
+
+def _is_summed(key: str) -> bool:
+    """Counts and throughputs add up across replicas; everything else is averaged."""
+    leaf = key.rsplit("/", 1)[-1]
+    return (leaf.startswith("num_") or key.startswith(("rollout/errors/", "replay/skipped/"))
+            or key in ("replay/truncated", "perf/tokens", "perf/tokens_per_s"))
 
 
 class Reducer(Actor):

@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["ActorFailure", "names_rank", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog"]
+__all__ = ["ActorFailure", "names_rank", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog", "FaultSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -196,3 +197,29 @@ def stream(
             break
         pending = receiver.recv()
     return wait(future, actor=actor, timeout_s=max(1.0, deadline - time.monotonic()), what=what)
+
+
+class FaultSpec:
+    """A deliberate failure for supervision tests: ``"ACTOR:RANK:STEP:MODE"`` (MODE ``raise`` or ``exit``).
+
+    ``trainer:0:1:exit`` makes trainer rank 0 call ``os._exit(3)`` at step 1; ``teacher:0:0:raise`` makes
+    the teacher raise when it replays. Parsed by the recipe config (``mesh.inject_fault``).
+    """
+
+    def __init__(self, text: str) -> None:
+        parts = text.split(":")
+        if len(parts) != 4 or parts[0] not in ("trainer", "teacher") or parts[3] not in ("raise", "exit") \
+                or not parts[1].isdigit() or not parts[2].isdigit():
+            raise ValueError(
+                f"'mesh.inject_fault' must look like 'ACTOR:RANK:STEP:MODE' with ACTOR trainer|teacher and "
+                f"MODE raise|exit (e.g. 'trainer:0:1:exit'), got {text!r}"
+            )
+        self.actor, self.rank, self.step, self.mode = parts[0], int(parts[1]), int(parts[2]), parts[3]
+
+    def maybe_fire(self, actor: str, rank: int, step: int) -> None:
+        """Raise or exit when ``(actor, rank, step)`` matches."""
+        if (actor, rank, step) != (self.actor, self.rank, self.step):
+            return
+        if self.mode == "exit":
+            os._exit(3)
+        raise RuntimeError(f"injected fault ({self.actor}:{self.rank}:{self.step}:{self.mode})")

@@ -8,7 +8,7 @@ through any OpenAI-compatible endpoint, or ``local:<model>`` in-process, offline
 - ``replay(states, port=..., max_total_usd=..., ledger_path=...)`` replays every state against every
   teacher under the hard budget, appending each finished call to the JSONL ledger (a killed replay
   resumes without paying twice), and, as soon as every teacher has answered a state, extracts that
-  state's consensus pair and sends it on ``port`` as ``("pair", DPOPair)``; progress goes out as
+  state's consensus pair and sends it on ``port`` as ``("pair", PreferencePair)``; progress goes out as
   ``("progress", done, total, spent_usd)``; a final ``("done", n_pairs, spent_usd)`` closes the stream.
   It returns ``{"pairs", "spent_usd", "n_calls", "errors"}``.
 """
@@ -16,40 +16,13 @@ through any OpenAI-compatible endpoint, or ``local:<model>`` in-process, offline
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from meshes.supervision import names_rank
-from meshes.trainer import FaultSpec
+from meshes.supervision import FaultSpec, names_rank
 
-__all__ = ["TeacherReplay", "PairCollector"]
-
-
-class PairCollector:
-    """Groups replay results by state and extracts a state's pairs once all its teachers answered.
-
-    Args:
-        states: the states being replayed. num_teachers: answers expected per state.
-        agreement_threshold: teachers that must agree (``extract_dpo_pairs``).
-    """
-
-    def __init__(self, states: list[dict[str, Any]], *, num_teachers: int, agreement_threshold: int) -> None:
-        self.states = {s["state_id"]: s for s in states}
-        self.num_teachers = num_teachers
-        self.agreement_threshold = agreement_threshold
-        self._results: dict[str, list[Any]] = defaultdict(list)
-
-    def add(self, result: dict[str, Any]) -> list[Any]:
-        """Record one ``TeacherCallResult``; returns the state's pairs when it is complete, else ``[]``."""
-        from composer_replication.teacher_replay import extract_dpo_pairs
-
-        sid = result["state_id"]
-        self._results[sid].append(result)
-        if len(self._results[sid]) < self.num_teachers or sid not in self.states:
-            return []
-        return extract_dpo_pairs([self.states[sid]], self._results.pop(sid), self.agreement_threshold)
+__all__ = ["TeacherReplay"]
 
 
 class TeacherReplay(Actor):
@@ -109,6 +82,8 @@ class TeacherReplay(Actor):
         """
         if self.replayer is None:
             raise RuntimeError("call setup() before replay()")
+        from composer_replication.teacher_replay import PairCollector
+
         if self.fault is not None:
             self.fault.maybe_fire("teacher", self.rank, 0)
         collector = PairCollector(states, num_teachers=len(self.replayer.teachers),

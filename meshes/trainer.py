@@ -17,40 +17,14 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from meshes.supervision import names_rank
+from meshes.supervision import FaultSpec, names_rank
 
-__all__ = ["StudentTrainer", "replica_dir", "FaultSpec"]
+__all__ = ["StudentTrainer", "replica_dir"]
 
 
 def replica_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """Where replica ``rank`` keeps its checkpoints: the run folder for rank 0, else ``replicas/rank_<r>``."""
     return Path(run_dir) if rank == 0 else Path(run_dir) / "replicas" / f"rank_{rank}"
-
-
-class FaultSpec:
-    """A deliberate failure for supervision tests: ``"ACTOR:RANK:STEP:MODE"`` (MODE ``raise`` or ``exit``).
-
-    ``trainer:0:1:exit`` makes trainer rank 0 call ``os._exit(3)`` at step 1; ``teacher:0:0:raise`` makes
-    the teacher raise when it replays. Parsed by the recipe config (``mesh.inject_fault``).
-    """
-
-    def __init__(self, text: str) -> None:
-        parts = text.split(":")
-        if len(parts) != 4 or parts[0] not in ("trainer", "teacher") or parts[3] not in ("raise", "exit") \
-                or not parts[1].isdigit() or not parts[2].isdigit():
-            raise ValueError(
-                f"'mesh.inject_fault' must look like 'ACTOR:RANK:STEP:MODE' with ACTOR trainer|teacher and "
-                f"MODE raise|exit (e.g. 'trainer:0:1:exit'), got {text!r}"
-            )
-        self.actor, self.rank, self.step, self.mode = parts[0], int(parts[1]), int(parts[2]), parts[3]
-
-    def maybe_fire(self, actor: str, rank: int, step: int) -> None:
-        """Raise or exit when ``(actor, rank, step)`` matches."""
-        if (actor, rank, step) != (self.actor, self.rank, self.step):
-            return
-        if self.mode == "exit":
-            os._exit(3)
-        raise RuntimeError(f"injected fault ({self.actor}:{self.rank}:{self.step}:{self.mode})")
 
 
 class StudentTrainer(Actor):

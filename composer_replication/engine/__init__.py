@@ -4,12 +4,14 @@
   ``from_dict`` / ``to_dict`` / ``apply_overrides`` for YAML presets and ``key=value`` overrides.
 - :mod:`.data`: ``TrainingData``, ``build_training_data`` (environment by name), ``MixedEnvironment``,
   and the per-step draws ``prompts_for_step`` / ``pairs_for_step``.
-- :mod:`.replay`: channel-3 pair tensors and their reference log-probs.
+- :mod:`.reference`: channel-3 reference log-probs, once per distinct sequence.
 - :mod:`.evaluate`: greedy answers and reward statistics.
 - :mod:`.student`: ``StudentTrainerCore`` (train_step, evaluate, state_dict, get/set_weights).
 - :mod:`.checkpoint`: atomic ``save_checkpoint`` / ``latest_checkpoint`` / ``load_checkpoint``.
 - :mod:`.run_dir`: ``RunDir`` (config.yaml, metrics.jsonl, TensorBoard, pairs.jsonl, summary.json).
-- :mod:`.loop`: ``run_plain``, the whole loop in one plain process.
+- :mod:`.driver`: ``drive``, the one training driver (resume, steps, metrics, checkpoints, evaluation,
+  summary) that ``run_plain`` and the Monarch controller both call.
+- :mod:`.loop`: ``run_plain``, the driver over one replica in this process.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from composer_replication.engine.data import (
     pairs_for_step,
     prompts_for_step,
 )
+from composer_replication.engine.driver import DriveConfig, LocalTrainer, StepTrainer, drive
 from composer_replication.engine.loop import run_plain
 from composer_replication.engine.run_dir import RunDir
 from composer_replication.engine.student import StudentTrainerCore, derive_seed
@@ -65,4 +68,8 @@ __all__ = [
     "load_checkpoint",
     "RunDir",
     "run_plain",
+    "drive",
+    "DriveConfig",
+    "StepTrainer",
+    "LocalTrainer",
 ]

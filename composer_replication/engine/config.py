@@ -249,7 +249,10 @@ class StudentConfig:
     num_steps: int = 100
     """Planned optimizer steps (sets the LR schedule and the TAID floor)."""
     max_seq_len: int = 2048
-    """Longest sequence (prompt + response) the trainer accepts; longer pairs are skipped with a warning."""
+    """Longest preference row (prompt + response) the trainer accepts (see ``over_length``)."""
+    over_length: Literal["truncate_left", "skip"] = "truncate_left"
+    """Over-length policy of preference rows (``composer_replication.batching``): cut the history from the left,
+    or skip the pair; a response that alone reaches ``max_seq_len`` is always skipped. Counted in the metrics."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     loss: LossConfig = field(default_factory=LossConfig)
@@ -267,6 +270,7 @@ class StudentConfig:
         )
         _check(self.num_steps >= 1, "num_steps", f"must be >= 1, got {self.num_steps!r}")
         _check(self.max_seq_len >= 8, "max_seq_len", f"must be >= 8, got {self.max_seq_len!r}")
+        _check_choice(self.over_length, "over_length", ("truncate_left", "skip"))
         _check(
             self.optim.warmup_steps <= self.num_steps,
             "optim.warmup_steps",

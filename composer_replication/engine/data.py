@@ -8,11 +8,12 @@ Within one epoch-sized window the draw is without replacement, so small datasets
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from composer_replication.types import PreferencePair
 
 __all__ = [
     "TrainingData",
@@ -20,8 +21,8 @@ __all__ = [
     "build_training_data",
     "prompts_for_step",
     "pairs_for_step",
+    "pair_indices_for_step",
     "step_rng",
-    "pair_to_dict",
 ]
 
 
@@ -31,17 +32,16 @@ class TrainingData:
 
     ``environment`` scores sampled actions (``composer_replication.rollout.Environment``:
     ``score(prompt, action_text) -> Score``); ``prompts`` are ``rollout.Prompt`` records sampled
-    for channels 1 and 2; ``pairs`` are channel-3 preference pairs, either
-    ``composer_replication.types.DPOPair`` dicts (``chosen``/``rejected`` action texts) or
-    ``replaysim.NormalizedDPOPair`` records (``chosen_messages``/``rejected_messages``).
+    for channels 1 and 2; ``pairs`` are channel-3 :class:`~composer_replication.types.PreferencePair`
+    records (spec ``DPOPair`` dicts are read into that record).
     """
 
     environment: Any
     """The reward environment (``score(prompt, action_text) -> Score``)."""
     prompts: list[Any] = field(default_factory=list)
     """Training prompts (``rollout.Prompt``); may be empty only when ``pairs`` is not."""
-    pairs: list[Any] = field(default_factory=list)
-    """Channel-3 pairs (``DPOPair`` dicts or ``NormalizedDPOPair``); may be empty."""
+    pairs: list[PreferencePair] = field(default_factory=list)
+    """Channel-3 pairs; may be empty."""
     eval_prompts: list[Any] | None = None
     """Held-out prompts for ``evaluate``; ``None`` means the first few training prompts."""
 
@@ -50,6 +50,7 @@ class TrainingData:
             raise ValueError(
                 f"'environment' must have a score(prompt, action_text) method, got {self.environment!r}"
             )
+        self.pairs = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(self.pairs)]
         if not self.prompts and not self.pairs:
             raise ValueError("TrainingData needs at least one prompt or one pair; got neither")
 
@@ -109,7 +110,7 @@ def build_training_data(
         environment: ``"next_action"`` (needs ``states``), ``"python_tasks"`` (``tasks``, default the
             bundled ones) or ``"mixed"`` (both).
         states: ``TraceState`` dicts for next-action prediction.
-        pairs: channel-3 pairs (``DPOPair`` dicts or ``NormalizedDPOPair``); their ``chosen`` actions also
+        pairs: channel-3 pairs (``PreferencePair`` or spec ``DPOPair`` dicts); their ``chosen`` actions also
             become the reference actions of their states.
         tasks: ``rollout.PythonTask`` records.
         num_eval_prompts: prompts held out for ``evaluate`` (drawn with ``seed``; never trained on).
@@ -120,7 +121,7 @@ def build_training_data(
     """
     from composer_replication import rollout as R
 
-    pairs = list(pairs or [])
+    pairs = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(pairs or [])]
     envs: list[Any] = []
     if environment not in ("next_action", "python_tasks", "mixed"):
         raise ValueError(
@@ -129,7 +130,7 @@ def build_training_data(
     if environment in ("next_action", "mixed"):
         if not states:
             raise ValueError(f"environment {environment!r} needs trace states; pass states=[TraceState, ...]")
-        envs.append(R.NextActionEnvironment(states, [_pair_with_chosen_text(p) for p in pairs]))
+        envs.append(R.NextActionEnvironment(states, pairs))
     if environment in ("python_tasks", "mixed"):
         envs.append(R.PythonTaskEnvironment(list(tasks) if tasks is not None else None))
     env = envs[0] if len(envs) == 1 else MixedEnvironment(envs)
@@ -145,14 +146,6 @@ def build_training_data(
         pairs=pairs,
         eval_prompts=[p for i, p in enumerate(prompts) if i in held] or None,
     )
-
-
-def _pair_with_chosen_text(pair: Any) -> dict[str, Any]:
-    from composer_replication.engine.replay import pair_texts
-
-    rec = pair_to_dict(pair)
-    _, chosen, rejected = pair_texts(pair)
-    return {**rec, "chosen": chosen, "rejected": rejected}
 
 
 def step_rng(seed: int, step: int, rank: int, stream: str) -> random.Random:
@@ -187,16 +180,23 @@ def prompts_for_step(
     return [data.prompts[i] for i in idx]
 
 
-def pairs_for_step(
+def pair_indices_for_step(
     data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
-) -> list[Any]:
-    """The channel-3 pairs rank ``rank`` trains on at ``step`` (deterministic from ``(seed, step, rank)``).
+) -> list[int]:
+    """Indices into ``data.pairs`` of the pairs rank ``rank`` trains on at ``step`` (from ``(seed, step, rank)``).
 
     Raises:
         ValueError: ``step`` or ``rank`` is negative, or ``pairs_per_step < 0``.
     """
     _check_args(step, rank, pairs_per_step, "pairs_per_step")
-    idx = _indices_for_step(len(data.pairs), pairs_per_step, seed=seed, step=step, rank=rank, stream="pairs")
+    return _indices_for_step(len(data.pairs), pairs_per_step, seed=seed, step=step, rank=rank, stream="pairs")
+
+
+def pairs_for_step(
+    data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
+) -> list[PreferencePair]:
+    """The channel-3 pairs rank ``rank`` trains on at ``step`` (see :func:`pair_indices_for_step`)."""
+    idx = pair_indices_for_step(data, step, rank=rank, pairs_per_step=pairs_per_step, seed=seed)
     return [data.pairs[i] for i in idx]
 
 
@@ -207,14 +207,3 @@ def _check_args(step: int, rank: int, count: int, name: str) -> None:
         raise ValueError(f"'rank' must be >= 0, got {rank}")
     if count < 0:
         raise ValueError(f"'{name}' must be >= 0, got {count}")
-
-
-def pair_to_dict(pair: Any) -> dict[str, Any]:
-    """A pair (``DPOPair`` dict or ``NormalizedDPOPair`` dataclass) as a plain JSON-able dict."""
-    if dataclasses.is_dataclass(pair) and not isinstance(pair, type):
-        return dataclasses.asdict(pair)
-    if isinstance(pair, dict):
-        return dict(pair)
-    if hasattr(pair, "to_dict"):
-        return dict(pair.to_dict())
-    raise TypeError(f"a pair must be a DPOPair dict or a NormalizedDPOPair, got {type(pair).__name__}")

@@ -40,7 +40,6 @@ import yaml
 
 from composer_replication.atomic import atomic_write_text
 from composer_replication.engine.checkpoint import CHECKPOINTS_DIR, reraise_disk_full
-from composer_replication.engine.data import pair_to_dict
 
 __all__ = ["RunDir", "RunDirInUseError"]
 
@@ -76,7 +75,7 @@ def _lock_folder(path: Path) -> Any:
                 "cannot lock %s (%s); two runs on this folder would not be stopped", path / _LOCK, exc
             )
             return fh
-        pid, _, host = fh.read().strip().partition(" ")
+        pid, _, host = fh.read(200).strip().partition(" ")
         fh.close()
         who = (f"PID {pid}" if pid else "a process whose PID is not written yet") + (
             f" on host {host}" if host else ""
@@ -255,10 +254,11 @@ class RunDir:
         return len(lines) - len(kept)
 
     def write_pairs(self, pairs: Iterable[Any]) -> Path:
-        """Write channel-3 pairs (``DPOPair`` dicts or ``NormalizedDPOPair``) as ``pairs.jsonl`` (atomic)."""
-        text = "".join(json.dumps(pair_to_dict(p), default=_json_default) + "\n" for p in pairs)
+        """Write channel-3 pairs as ``pairs.jsonl`` (``teacher_replay.save_pairs``: atomic, the one pair format)."""
+        from composer_replication.teacher_replay.pairs import save_pairs
+
         with reraise_disk_full(self.path, self.pairs_path.name):
-            atomic_write_text(self.pairs_path, text)
+            save_pairs(list(pairs), self.pairs_path)
         return self.pairs_path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:

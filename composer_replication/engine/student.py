@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
+from composer_replication.batching import BatchingStats, pad_id, preference_batch, tokenize_pairs
 from composer_replication.engine.config import StudentConfig, resolve_device, resolve_dtype
-from composer_replication.engine.data import TrainingData, pairs_for_step, prompts_for_step
+from composer_replication.engine.data import TrainingData, pair_indices_for_step, prompts_for_step
 from composer_replication.engine.evaluate import greedy_texts, reward_stats
-from composer_replication.engine.replay import ReferenceLogprobCache, build_replay_batch
+from composer_replication.engine.reference import ReferenceLogprobCache
 
 __all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
 
@@ -109,6 +110,9 @@ class StudentTrainerCore:
         )
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.reference_logprobs = ReferenceLogprobCache(self.reference, chunk_size=config.loss.chunk_size)
+        self.batching_stats = BatchingStats()
+        self.tokenized_pairs = tokenize_pairs(self.tokenizer, data.pairs, max_seq_len=config.max_seq_len,
+                                              over_length=config.over_length, stats=self.batching_stats)
         self.model.train()
         o = config.optim
         self.optimizer = torch.optim.AdamW(
@@ -138,13 +142,10 @@ class StudentTrainerCore:
         """Run optimizer step ``step`` (0-based) and return its metrics.
 
         Metrics (floats): every loss channel under its true name from ``LossComponents.detached()``
-        (``grpo`` or ``lm_ce``, ``sdpo_jsd``, ``trace_replay_dpo``, ``total``) plus the loss's own
-        metrics; ``reward_mean``, ``reward_std``, ``error_rate``, ``n_rollouts``, ``n_error_sites``
-        (rollouts whose score names an error kind), ``n_hinted`` (channel-2 teacher rows), ``n_pairs``,
-        the ``rollout/*`` statistics of ``rollout.rollout_stats``, ``tokens`` (real tokens of every
-        sequence in the loss: student, teacher, pairs), ``tokens_per_s``, ``lr`` (used by this step),
-        ``grad_norm`` (before clipping), ``taid_t`` (TAID only: the ``t`` this step used),
-        ``sample_time_s`` (sampling, scoring, reference passes) and ``step_time_s``.
+        in the project's one metrics scheme (``docs/recipes.md``): ``loss/*`` (each channel under the name
+        of the loss that ran, its own metrics, ``loss/grad_norm``, ``loss/lr``), ``reward/*`` (the step's
+        rollouts: mean, population std, error rate), ``rollout/*`` (``rollout.rollout_stats``), ``replay/*``
+        (pairs trained on, over-length drops) and ``perf/*`` (tokens, times).
 
         With no prompts (pairs only), channel 1 falls back to LM cross-entropy on the chosen responses.
 
@@ -163,9 +164,9 @@ class StudentTrainerCore:
         metrics = self._optimize(batch, step)
         metrics.update(info)
         elapsed = time.perf_counter() - t0
-        metrics["sample_time_s"] = t_sampled - t0
-        metrics["step_time_s"] = elapsed
-        metrics["tokens_per_s"] = metrics["tokens"] / elapsed if elapsed > 0 else 0.0
+        metrics["perf/sample_time_s"] = t_sampled - t0
+        metrics["perf/step_time_s"] = elapsed
+        metrics["perf/tokens_per_s"] = metrics["perf/tokens"] / elapsed if elapsed > 0 else 0.0
         self.step = step + 1
         return metrics
 
@@ -175,16 +176,16 @@ class StudentTrainerCore:
         prompts = prompts_for_step(self.data, step, rank=self.rank, prompts_per_step=r.prompts_per_step,
                                    seed=cfg.seed)
         batch: dict[str, torch.Tensor] = {}
-        info: dict[str, float] = {**reward_stats([]), "n_rollouts": 0.0, "n_error_sites": 0.0, "n_hinted": 0.0}
-        del info["n_scored"]
+        info: dict[str, float] = reward_stats([], prefix="reward/")
         if prompts:
             batch, rinfo = self._rollout_batch(prompts, seed=derive_seed(cfg.seed, step, self.rank))
             info.update(rinfo)
-        pairs = pairs_for_step(self.data, step, rank=self.rank, pairs_per_step=r.pairs_per_step, seed=cfg.seed)
-        replay, skipped = build_replay_batch(self.tokenizer, pairs, max_seq_len=cfg.max_seq_len)
-        info["n_pairs"] = float(len(pairs) - skipped)
+        drawn = pair_indices_for_step(self.data, step, rank=self.rank, pairs_per_step=r.pairs_per_step, seed=cfg.seed)
+        pairs = [self.tokenized_pairs[i] for i in drawn if self.tokenized_pairs[i] is not None]
+        info["replay/num_pairs"] = float(len(pairs))
+        info.update(self.batching_stats.as_metrics(prefix="replay/"))
+        replay = preference_batch(pairs, pad_id(self.tokenizer), device=self.device)  # tokenized once per run
         if replay:
-            replay = {k: v.to(self.device) for k, v in replay.items()}
             if cfg.loss.dpo_variant == "dpo":
                 self.reference_logprobs.fill(replay)  # one reference pass per distinct sequence
             batch.update(replay)
@@ -218,10 +219,7 @@ class StudentTrainerCore:
                 ref = token_logprobs_for(self.reference, batch["input_ids"], batch["attention_mask"],
                                          response_mask=batch["response_mask"], chunk_size=cfg.loss.chunk_size)
             batch["ref_logprobs"] = ref.float()  # [B, T], 0 off the response
-        info = reward_stats(scores)
-        info["n_rollouts"] = info.pop("n_scored")
-        info["n_error_sites"] = float(sum(1 for s in scores if s.error_kind))
-        info["n_hinted"] = float(batch["ctx_teacher_input_ids"].shape[0]) if "ctx_teacher_input_ids" in batch else 0.0
+        info = reward_stats(scores, prefix="reward/")
         info.update(R.rollout_stats(rollouts, scores, batch))
         return batch, info
 
@@ -252,15 +250,14 @@ class StudentTrainerCore:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
         self.optimizer.step()
         self.scheduler.step()
-        metrics = comps.detached()
-        metrics.update({k: _to_float(v) for k, v in comps.metrics.items()})
+        metrics = loss_metrics(comps, L)
         if self.taid is not None:
-            metrics["taid_t"] = self.taid.t  # the t this step's loss used
+            metrics["loss/taid/t"] = self.taid.t  # the t this step's loss used
             if "ctx_teacher_input_ids" in batch:
                 self.taid.update_t(comps.sdpo_jsd.detach(), global_step=step)
-        metrics["lr"] = lr
-        metrics["grad_norm"] = float(grad_norm)
-        metrics["tokens"] = float(_count_tokens(batch))
+        metrics["loss/lr"] = lr
+        metrics["loss/grad_norm"] = float(grad_norm)
+        metrics["perf/tokens"] = float(_count_tokens(batch))
         return metrics
 
     # ------------------------------------------------------------------ evaluation
@@ -276,7 +273,7 @@ class StudentTrainerCore:
                 fixed seed.
 
         Returns:
-            ``eval/reward_mean``, ``eval/reward_std``, ``eval/error_rate``, ``eval/n_scored``.
+            ``eval/mean``, ``eval/std``, ``eval/error_rate``, ``eval/num_scored`` (rewards of the answers).
         """
         from composer_replication import rollout as R
 
@@ -395,6 +392,30 @@ class StudentTrainerCore:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+_DISTILL_NAMES = {"none": "jsd", "taid": "taid", "entropy_opd": "entropy_opd"}
+
+
+def loss_metrics(comps: Any, loss: Any) -> dict[str, float]:
+    """The ``loss/*`` metrics of one ``LossComponents``: every channel under the name of the loss that ran.
+
+    ``loss/total``; ``loss/grpo`` or ``loss/lm_ce`` (channel 1); ``loss/jsd``, ``loss/taid`` or
+    ``loss/entropy_opd`` (channel 2, from ``loss.sdpo_wrapper``); ``loss/dpo`` or ``loss/simpo`` (channel 3,
+    from ``loss.dpo_variant``); and each component's own metrics under ``loss/<channel>/<metric>``.
+    """
+    distill, replay = _DISTILL_NAMES[loss.sdpo_wrapper], loss.dpo_variant
+    out = {
+        "loss/total": _to_float(comps.total),
+        f"loss/{comps.policy_name}": _to_float(comps.lm_ce),
+        f"loss/{distill}": _to_float(comps.sdpo_jsd),
+        f"loss/{replay}": _to_float(comps.trace_replay_dpo),
+    }
+    for key, value in comps.metrics.items():
+        head, _, rest = key.partition("/")
+        channel = {"sdpo": distill, "replay": replay, "dpo": replay}.get(head, head)
+        out[f"loss/{channel}/{rest}" if rest else f"loss/{key}"] = _to_float(value)
+    return out
 
 
 def _to_float(v: Any) -> float:

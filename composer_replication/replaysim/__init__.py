@@ -1,13 +1,12 @@
 """replaysim: normalisation of teacher-replay DPO pairs (ADR-004).
 
-Re-exports ``DPOPair``, ``TeacherCallResult``, ``extract_dpo_pairs`` and ``replay_trace`` from
-``composer_replication.teacher_replay`` (the last two are imported on first access).
+The normalizer filters and annotates the one pair record (:class:`~composer_replication.types.PreferencePair`,
+exported here under the spec's names ``DPOPair`` and ``NormalizedDPOPair``); it never converts pairs.
+Re-exports ``TeacherCallResult``, ``extract_dpo_pairs`` and ``replay_trace`` from
+``composer_replication.teacher_replay`` (replaysim builds on teacher replay, never the other way round).
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Any
 
 from composer_replication.replaysim.normalize import (
     DJNormalizer,
@@ -18,6 +17,7 @@ from composer_replication.replaysim.normalize import (
     replay_and_normalize_trace_sync,
 )
 from composer_replication.replaysim.recipe import RecipeError, load_recipe
+from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace
 from composer_replication.types import DPOPair, TeacherCallResult
 
 __all__ = [
@@ -34,11 +34,3 @@ __all__ = [
     "extract_dpo_pairs",
     "replay_trace",
 ]
-
-_LAZY = ("extract_dpo_pairs", "replay_trace")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module("composer_replication.teacher_replay"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,8 @@ never a dependency (it installs packages while running; see notes/offline-deps.m
 from __future__ import annotations
 
 import asyncio
-import importlib
+import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -26,9 +27,10 @@ from typing import Any, ClassVar
 
 import yaml
 
+from composer_replication import teacher_replay
 from composer_replication.replaysim.ops import NATIVE_OPS, dedup_hash, op_keep
 from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
-from composer_replication.types import DPOPair, TeacherCallResult
+from composer_replication.types import PreferencePair, TeacherCallResult
 
 __all__ = [
     "NormalizedDPOPair",
@@ -46,20 +48,10 @@ _REQUIRED = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agr
 _DJ_HINT = "pip install py-data-juicer"
 
 
-@dataclass
-class NormalizedDPOPair:
-    """A DPO pair after normalisation, in chat format.
-
-    ``chosen_messages``/``rejected_messages`` are ``[{"role": "assistant", "content": ...}]``.
-    ``metadata`` records the backend, the recipe and the operators that ran (or ``{"skipped": True}``).
-    """
-
-    state_id: str
-    state_messages: list[dict[str, Any]]
-    chosen_messages: list[dict[str, Any]]
-    rejected_messages: list[dict[str, Any]]
-    n_teachers_agreeing: int
-    metadata: dict[str, Any]
+NormalizedDPOPair = PreferencePair
+"""The spec's name for a pair after normalisation: the one :class:`~composer_replication.types.PreferencePair`
+record, its ``metadata`` annotated with the backend, the recipe and the operators that ran (or
+``{"skipped": True}``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,34 +86,16 @@ class NormalizeReport:
     """One entry per dropped pair."""
 
 
-def _record(i: int, pair: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(pair, Mapping):
-        raise TypeError(f"pairs[{i}] must be a DPOPair mapping, got {type(pair).__name__}")
-    missing = [k for k in _REQUIRED if k not in pair]
-    if missing:
-        raise ValueError(f"pairs[{i}] is missing key(s) {missing}; a DPOPair has {list(_REQUIRED)}")
-    for key in ("chosen", "rejected", "state_id"):
-        if not isinstance(pair[key], str):
-            raise TypeError(f"pairs[{i}][{key!r}] must be str, got {type(pair[key]).__name__}")
-    chosen, rejected = pair["chosen"], pair["rejected"]
-    return {
-        "state_id": pair["state_id"],
-        "state_messages": list(pair["state_messages"]),
-        "chosen": chosen,
-        "rejected": rejected,
-        "text": f"{chosen}\n{rejected}",
-        "chosen_messages": [{"role": "assistant", "content": chosen}],
-        "rejected_messages": [{"role": "assistant", "content": rejected}],
-        "n_teachers_agreeing": int(pair["n_teachers_agreeing"]),
-    }
+def _record(i: int, pair: PreferencePair | Mapping[str, Any]) -> tuple[PreferencePair, dict[str, Any]]:
+    """The pair (read with ``PreferencePair.from_mapping``) and the flat text record the operators read."""
+    pair = PreferencePair.from_mapping(pair, where=f"pairs[{i}]")
+    chosen, rejected = pair.chosen, pair.rejected
+    return pair, {"state_id": pair.state_id, "chosen": chosen, "rejected": rejected, "text": f"{chosen}\n{rejected}"}
 
 
-def _to_pair(rec: dict[str, Any], metadata: dict[str, Any]) -> NormalizedDPOPair:
-    return NormalizedDPOPair(
-        state_id=rec["state_id"], state_messages=rec["state_messages"],
-        chosen_messages=rec["chosen_messages"], rejected_messages=rec["rejected_messages"],
-        n_teachers_agreeing=rec["n_teachers_agreeing"], metadata=metadata,
-    )
+def _annotated(pair: PreferencePair, metadata: dict[str, Any]) -> PreferencePair:
+    """``pair`` with ``metadata`` merged into its own (the normalizer annotates; it never converts)."""
+    return dataclasses.replace(pair, metadata={**pair.metadata, **metadata})
 
 
 class DJNormalizer:
@@ -174,22 +148,30 @@ class DJNormalizer:
         """The report of the last ``normalize`` call (``None`` before the first)."""
         return self.last_report
 
-    def normalize(self, pairs: Iterable[DPOPair | Mapping[str, Any]]) -> list[NormalizedDPOPair]:
-        """Run the recipe over ``pairs``; the output keeps input order and may be shorter.
+    def normalize(self, pairs: Iterable[PreferencePair | Mapping[str, Any]]) -> list[PreferencePair]:
+        """Filter ``pairs`` with the recipe; the output keeps input order and may be shorter.
+
+        Pairs are :class:`~composer_replication.types.PreferencePair` records (spec ``DPOPair`` dicts are read
+        with ``PreferencePair.from_mapping``); kept pairs come back as the same records with their
+        ``metadata`` annotated.
 
         Raises:
-            ValueError/TypeError: a pair that lacks a DPOPair key or has a non-string action.
+            ValueError: a pair that lacks a key or has an empty action.
         """
-        records = [_record(i, p) for i, p in enumerate(pairs)]
+        read = [_record(i, p) for i, p in enumerate(pairs)]
+        items, records = [p for p, _ in read], [r for _, r in read]
         if self.skip_dj:
             self.last_report = NormalizeReport(backend="skipped", recipe=None, n_in=len(records), n_out=len(records))
-            return [_to_pair(r, {"skipped": True}) for r in records]
+            return [_annotated(p, {"skipped": True}) for p in items]
         if self.backend == "native":
-            return self._normalize_native(records)
-        return self._normalize_data_juicer(records)
+            kept, meta = self._normalize_native(records)
+        else:
+            kept, meta = self._normalize_data_juicer(records)
+        return [_annotated(items[i], {**meta, "ops": [dict(o) for o in meta["ops"]], "source_index": i})
+                for i in kept]
 
     # ------------------------------------------------------------------------------------------
-    def _normalize_native(self, records: list[dict[str, Any]]) -> list[NormalizedDPOPair]:
+    def _normalize_native(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
         alive = list(range(len(records)))
         dropped: list[DroppedPair] = []
         for op in self.ops:
@@ -214,9 +196,9 @@ class DJNormalizer:
             backend="native", recipe=str(self.recipe_path), n_in=len(records), n_out=len(alive),
             ops=[op.name for op in self.ops], dropped=sorted(dropped, key=lambda d: d.index),
         )
-        return [_to_pair(records[i], {**meta, "ops": [dict(o) for o in ran], "source_index": i}) for i in alive]
+        return alive, meta
 
-    def _normalize_data_juicer(self, records: list[dict[str, Any]]) -> list[NormalizedDPOPair]:
+    def _normalize_data_juicer(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
         try:
             from data_juicer.config import init_configs
             from data_juicer.core import DefaultExecutor
@@ -243,18 +225,12 @@ class DJNormalizer:
         self.last_report = NormalizeReport(backend="data_juicer", recipe=str(self.recipe_path),
                                            n_in=len(records), n_out=len(kept_idx), ops=ops, dropped=dropped)
         ran = [{"op": name, "backend": "data_juicer"} for name in ops]
-        return [_to_pair(records[i], {"backend": "data_juicer", "recipe": str(self.recipe_path),
-                                      "ops": [dict(o) for o in ran], "source_index": i}) for i in sorted(kept_set)]
+        return sorted(kept_set), {"backend": "data_juicer", "recipe": str(self.recipe_path), "ops": ran}
 
 
 # ----------------------------------------------------------------------------------------------
 # End to end: replay -> pairs -> normalise
 # ----------------------------------------------------------------------------------------------
-def _teacher_replay() -> Any:
-    """Import ``composer_replication.teacher_replay`` lazily (tests replace this function)."""
-    return importlib.import_module("composer_replication.teacher_replay")
-
-
 async def replay_and_normalize_trace(
     *,
     states: Any,
@@ -275,11 +251,10 @@ async def replay_and_normalize_trace(
     if normalizer is not None and not isinstance(normalizer, DJNormalizer):
         raise TypeError(f"normalizer must be a DJNormalizer or None, got {type(normalizer).__name__}")
     normalizer = normalizer if normalizer is not None else DJNormalizer()
-    tr = _teacher_replay()
     if teachers is not None:
         replay_kwargs["teachers"] = teachers
-    raw = await tr.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
-    pairs = tr.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold)
+    raw = await teacher_replay.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
+    pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold)
     normalized = normalizer.normalize(pairs)
     log.info("replaysim: %d teacher results, %d pairs, %d after normalisation", len(raw), len(pairs), len(normalized))
     return raw, normalized

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from composer_replication.batching import TeacherRow, pad_id, teacher_batch
+from composer_replication.chat_format import build_hinted_teacher_sequence
 from composer_replication.rollout.environment import Prompt, Score
 from composer_replication.rollout.sampling import RolloutBatch
 
@@ -96,11 +98,7 @@ def _channel2(
     tokenizer: Any, rollouts: RolloutBatch, scores: Sequence[Score],
     prompts: Sequence[Prompt | Sequence[Mapping[str, Any]]], hint_fn: HintFn, device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    from composer_replication.chat_format import build_hinted_teacher_sequence
-
-    rows: list[list[int]] = []
-    student_idx: list[tuple[int, int]] = []
-    teacher_idx: list[tuple[int, int]] = []
+    rows: list[TeacherRow] = []
     for b, score in enumerate(scores):
         response = rollouts.response_ids[b]
         if score.error_kind is None or not response:
@@ -113,47 +111,22 @@ def _channel2(
         prompt = prompts[rollouts.prompt_index[b]]
         history = list(prompt.messages if isinstance(prompt, Prompt) else prompt)
         ids, start = build_hinted_teacher_sequence(tokenizer, history, hint, response)
-        t_row = len(rows)
-        rows.append(ids)
-        P = rollouts.prompt_length
-        for k in range(len(response)):
-            student_idx.append((b, P + k))
-            teacher_idx.append((t_row, start + k))
-    if not rows:
-        return {}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    Tt = max(len(r) for r in rows)
-    teacher = torch.full((len(rows), Tt), pad, dtype=torch.long)
-    teacher_mask = torch.zeros_like(teacher)
-    for i, r in enumerate(rows):
-        teacher[i, : len(r)] = torch.tensor(r)
-        teacher_mask[i, : len(r)] = 1
-    t_index = torch.tensor(teacher_idx, dtype=torch.long)
-    loss_mask = torch.zeros_like(teacher)
-    loss_mask[t_index[:, 0], t_index[:, 1]] = 1
-    return {
-        "ctx_teacher_input_ids": teacher.to(device),
-        "ctx_teacher_attention_mask": teacher_mask.to(device),
-        "sdpo_loss_mask": loss_mask.to(device),
-        "sdpo_student_index": torch.tensor(student_idx, dtype=torch.long, device=device),
-        "sdpo_teacher_index": t_index.to(device),
-    }
+        rows.append(TeacherRow(tuple(ids), start, b, rollouts.prompt_length))
+    return teacher_batch(rows, pad_id(tokenizer), device=device)
 
 
 def rollout_stats(rollouts: RolloutBatch, scores: Sequence[Score], batch: Mapping[str, torch.Tensor]
                   ) -> dict[str, float]:
     """Scalar metrics of one rollout batch, for ``metrics.jsonl``.
 
-    Keys: ``rollout/reward_mean``, ``rollout/reward_std``, ``rollout/reward_max``,
-    ``rollout/num_samples``, ``rollout/num_error_sites`` (scores with an error kind),
+    Keys: ``rollout/reward_max``, ``rollout/num_samples``, ``rollout/num_error_sites`` (scores with an error kind),
     ``rollout/num_hinted`` (teacher rows built), ``rollout/frac_truncated``,
-    ``rollout/response_len_mean`` and ``rollout/errors/<kind>`` counts.
+    ``rollout/response_len_mean`` and ``rollout/errors/<kind>`` counts. The reward mean and std are
+    ``reward/*`` (``engine.evaluate.reward_stats``), defined once.
     """
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float64)
     n = len(scores)
     stats = {
-        "rollout/reward_mean": float(rewards.mean()) if n else 0.0,
-        "rollout/reward_std": float(rewards.std()) if n > 1 else 0.0,
         "rollout/reward_max": float(rewards.max()) if n else 0.0,
         "rollout/num_samples": float(n),
         "rollout/num_error_sites": float(sum(s.error_kind is not None for s in scores)),

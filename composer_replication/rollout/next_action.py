@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from composer_replication.actions import ActionBlock, canonical_action, parse_action
+from composer_replication.chat_format import content_text
 from composer_replication.rollout.environment import Prompt, Score
 
 __all__ = ["RewardWeights", "NextActionEnvironment", "tool_call_agreement", "text_f1"]
@@ -270,8 +271,5 @@ def _offered_tools(state: dict[str, Any], reference: str) -> list[str]:
 def _intent(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
         if m.get("role") == "user":
-            content = m.get("content")
-            if isinstance(content, list):
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return str(content or "")[:300]
+            return content_text(m.get("content"))[:300]
     return ""

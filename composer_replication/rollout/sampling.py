@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from composer_replication.batching import generate_responses, pad_id
 from composer_replication.rollout.environment import Prompt
 
 __all__ = ["RolloutBatch", "sample_rollouts", "compute_token_logprobs"]
@@ -104,40 +105,25 @@ def sample_rollouts(
         ValueError: no prompts, or a non-positive count / limit, or ``top_p`` outside (0, 1].
     """
     _check(prompts, num_generations, max_new_tokens, temperature, top_p)
-    from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
-
     device = next(model.parameters()).device
-    eot, pad = end_of_turn_id(tokenizer), tokenizer.pad_token_id
-    pad = eot if pad is None else pad
-    rendered = [build_prompt_ids(tokenizer, p.messages if isinstance(p, Prompt) else p) for p in prompts]
-    index = [i for i in range(len(rendered)) for _ in range(num_generations)]
-    P = max(len(r) for r in rendered)
-    prompt_ids = torch.full((len(index), P), pad, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompt_ids)
-    for row, i in enumerate(index):
-        prompt_ids[row, P - len(rendered[i]) :] = torch.tensor(rendered[i])
-        prompt_mask[row, P - len(rendered[i]) :] = 1
-
+    fill = pad_id(tokenizer)
+    messages = [p.messages if isinstance(p, Prompt) else p for p in prompts]
+    gen = generate_responses(model, tokenizer, messages, max_new_tokens=max_new_tokens, repeat=num_generations,
+                             do_sample=True, temperature=temperature, top_p=top_p, seed=seed)
+    index = [i for i in range(len(prompts)) for _ in range(num_generations)]
+    P, responses = gen.prompt_ids.shape[1], gen.responses
+    input_ids, attention_mask, response_mask = _layout(gen.prompt_ids, gen.prompt_mask, responses, fill)
+    input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            out = model.generate(
-                input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), do_sample=True,
-                temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-                eos_token_id=eot, pad_token_id=pad,
-            )
-        responses, truncated = _cut_at_end_of_turn(out[:, P:].tolist(), eot)
-        input_ids, attention_mask, response_mask = _layout(prompt_ids, prompt_mask, responses, pad)
-        input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
         with torch.no_grad():
             old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
     finally:
         model.train(was_training)
     return RolloutBatch(
-        prompt_index=index, prompt_ids=[rendered[i] for i in index], response_ids=responses,
-        texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=truncated,
+        prompt_index=index, prompt_ids=[gen.rendered[i] for i in index], response_ids=responses,
+        texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=gen.truncated,
         group_ids=torch.tensor([group_offset + i for i in index], dtype=torch.long, device=device),
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
         old_logprobs=old.detach(), prompt_length=P, num_generations=num_generations,
@@ -186,19 +172,6 @@ def _check(prompts: Sequence[Any], g: int, max_new: int, temperature: float, top
         raise ValueError(f"temperature must be > 0, got {temperature!r}; use a small value for near-greedy.")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; 1.0 disables nucleus sampling.")
-
-
-def _cut_at_end_of_turn(generated: list[list[int]], eot: int) -> tuple[list[list[int]], list[bool]]:
-    """Keep each row up to and including its first end-of-turn token."""
-    responses, truncated = [], []
-    for row in generated:
-        if eot in row:
-            responses.append(row[: row.index(eot) + 1])
-            truncated.append(False)
-        else:
-            responses.append(row)
-            truncated.append(True)
-    return responses, truncated
 
 
 def _layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: list[list[int]], pad: int

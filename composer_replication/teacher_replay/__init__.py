@@ -11,7 +11,7 @@ from composer_replication.teacher_replay.budget import Budget, estimate_prompt_t
 from composer_replication.teacher_replay.keys import MissingAPIKeyError, SecretKey, resolve_api_key
 from composer_replication.teacher_replay.ledger import Ledger, request_sha256
 from composer_replication.teacher_replay.local import LocalTeacher
-from composer_replication.teacher_replay.pairs import extract_dpo_pairs, load_pairs, save_pairs
+from composer_replication.teacher_replay.pairs import PairCollector, extract_dpo_pairs, load_pairs, save_pairs
 from composer_replication.teacher_replay.prompting import (
     REPLAY_INSTRUCTION,
     build_teacher_messages,
@@ -30,7 +30,7 @@ from composer_replication.teacher_replay.specs import (
     error_kind,
     teacher_needs_key,
 )
-from composer_replication.types import DPOPair, TeacherCallResult, TeacherSpec, TraceState
+from composer_replication.types import DPOPair, PreferencePair, TeacherCallResult, TeacherSpec, TraceState
 
 __all__ = [
     "DEFAULT_TEACHERS",
@@ -40,6 +40,8 @@ __all__ = [
     "TraceState",
     "TeacherCallResult",
     "DPOPair",
+    "PreferencePair",
+    "PairCollector",
     "replay_trace",
     "replay_trace_sync",
     "TeacherReplayer",

@@ -8,23 +8,24 @@ go to the group whose first reply comes earliest in ``teacher_actions`` (for ``r
 the teacher listed first). A group equal to the student's own action takes part in the vote and wins
 its ties: when the teachers' favourite is (or ties with) what the student did, no pair is made. A
 pair is made when the winner differs from the student and has ``>= agreement_threshold`` teachers;
-``chosen`` is the earliest winning teacher's ORIGINAL text, ``rejected`` the student's action.
+``chosen`` is the earliest winning teacher's ORIGINAL text, ``rejected`` the student's action, both held
+in the one pair record, :class:`~composer_replication.types.PreferencePair`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from composer_replication.actions import canonical_action
 from composer_replication.atomic import atomic_write_text
-from composer_replication.types import DPOPair, TeacherCallResult, TraceState
+from composer_replication.types import PreferencePair, TeacherCallResult, TraceState
 
-__all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs"]
-
-_PAIR_KEYS = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
+__all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs", "PairCollector"]
 
 
 def _groups(results: list[tuple[int, TeacherCallResult]]) -> dict[str, list[tuple[int, str]]]:
@@ -47,8 +48,8 @@ def extract_dpo_pairs(
     states: Sequence[TraceState],
     teacher_actions: Sequence[TeacherCallResult],
     agreement_threshold: int = 2,
-) -> list[DPOPair]:
-    """One :class:`DPOPair` per state where >= ``agreement_threshold`` teachers agree against the student.
+) -> list[PreferencePair]:
+    """One :class:`~composer_replication.types.PreferencePair` per state where >= ``agreement_threshold`` teachers agree against the student.
 
     Args:
         states: the states that were replayed (unique ``state_id``s); pairs come out in this order.
@@ -79,7 +80,7 @@ def extract_dpo_pairs(
     for pos, r in enumerate(teacher_actions):
         if r.get("state_id") in by_state:
             by_state[r["state_id"]].append((pos, r))
-    pairs: list[DPOPair] = []
+    pairs: list[PreferencePair] = []
     for s in states:
         groups = _groups(by_state[s["state_id"]])
         if not groups:
@@ -91,30 +92,37 @@ def extract_dpo_pairs(
         if best == student or len(members) < agreement_threshold:
             continue
         pairs.append(
-            {
-                "state_id": s["state_id"],
-                "state_messages": s["messages"],
-                "chosen": members[0][1],
-                "rejected": s["student_action"],
-                "n_teachers_agreeing": len(members),
-            }
+            PreferencePair.from_actions(
+                state_id=s["state_id"],
+                state_messages=s["messages"],
+                chosen=members[0][1],
+                rejected=s["student_action"],
+                n_teachers_agreeing=len(members),
+            )
         )
     return pairs
 
 
-def save_pairs(pairs: Sequence[DPOPair], path: str | os.PathLike[str]) -> None:
-    """Write ``pairs`` as JSONL atomically (temp file in the same folder, fsync, rename); creates parents."""
-    atomic_write_text(path, "".join(json.dumps(dict(p), ensure_ascii=False) + "\n" for p in pairs))
+def save_pairs(pairs: Sequence[PreferencePair | Mapping[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Write ``pairs`` as ``pairs.jsonl`` atomically (one :meth:`PreferencePair.to_json` record per line).
+
+    Spec ``DPOPair`` dicts are accepted and written in the same format. Creates parent folders.
+
+    Raises:
+        ValueError: a pair is malformed (see :meth:`PreferencePair.from_mapping`).
+    """
+    records = [PreferencePair.from_mapping(p, where=f"pairs[{i}]").to_json() for i, p in enumerate(pairs)]
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def load_pairs(path: str | os.PathLike[str]) -> list[DPOPair]:
-    """Read pairs written by :func:`save_pairs`.
+def load_pairs(path: str | os.PathLike[str]) -> list[PreferencePair]:
+    """Read a ``pairs.jsonl`` written by :func:`save_pairs` (or lines of the spec's ``DPOPair`` dicts).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a line is not JSON or lacks a pair key (the message gives the line number).
+        ValueError: a line is not JSON or not a pair (the message gives the line number).
     """
-    pairs: list[DPOPair] = []
+    pairs: list[PreferencePair] = []
     with open(Path(path).expanduser(), encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -122,11 +130,31 @@ def load_pairs(path: str | os.PathLike[str]) -> list[DPOPair]:
             try:
                 rec = json.loads(line)
             except ValueError as exc:
-                raise ValueError(
-                    f"{path}:{n}: not a JSON line ({exc}); was it written by save_pairs?"
-                ) from None
-            missing = [k for k in _PAIR_KEYS if not isinstance(rec, dict) or k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{n}: a DPO pair needs keys {list(_PAIR_KEYS)}; missing {missing}.")
-            pairs.append(rec)
+                raise ValueError(f"{path}:{n}: not a JSON line ({exc}); was it written by save_pairs?") from None
+            pairs.append(PreferencePair.from_mapping(rec, where=f"{path}:{n}"))
     return pairs
+
+
+class PairCollector:
+    """Groups streamed replay results by state and extracts a state's pair once all its teachers answered.
+
+    Used where results arrive one by one (the Monarch teacher actor), so pairs can be sent on as they form.
+
+    Args:
+        states: the states being replayed. num_teachers: answers expected per state.
+        agreement_threshold: teachers that must agree (:func:`extract_dpo_pairs`).
+    """
+
+    def __init__(self, states: Sequence[TraceState], *, num_teachers: int, agreement_threshold: int) -> None:
+        self.states = {s["state_id"]: s for s in states}
+        self.num_teachers = num_teachers
+        self.agreement_threshold = agreement_threshold
+        self._results: dict[str, list[TeacherCallResult]] = defaultdict(list)
+
+    def add(self, result: TeacherCallResult) -> list[PreferencePair]:
+        """Record one result; returns the state's pairs (0 or 1) when it is complete, else ``[]``."""
+        sid = result["state_id"]
+        self._results[sid].append(result)
+        if len(self._results[sid]) < self.num_teachers or sid not in self.states:
+            return []
+        return extract_dpo_pairs([self.states[sid]], self._results.pop(sid), self.agreement_threshold)

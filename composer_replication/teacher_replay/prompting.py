@@ -15,10 +15,10 @@ the text content (stripped) is the action. Content given as a list of parts keep
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from composer_replication.actions import tool_calls_to_action
+from composer_replication.chat_format import content_text
 from composer_replication.types import TraceState
 
 __all__ = ["REPLAY_INSTRUCTION", "content_text", "build_teacher_messages", "reply_to_action"]
@@ -31,23 +31,6 @@ REPLAY_INSTRUCTION = (
     '[TOOL_USE] name=TOOL_NAME input={"argument": "value"}\n'
     "with the arguments as one JSON object on that line. Otherwise reply with plain text."
 )
-
-
-def content_text(content: Any) -> str:
-    """Text of an OpenAI ``content`` field: a string, or the ``text`` of a list of parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "\n".join(p for p in parts if p)
-    return json.dumps(content, ensure_ascii=False)
 
 
 def _render(message: dict[str, Any]) -> tuple[str, str]:

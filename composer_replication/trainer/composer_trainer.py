@@ -36,13 +36,11 @@ from typing import Any
 
 import torch
 
-from composer_replication.chat_format import (
-    build_hinted_teacher_sequence,
-    build_prompt_ids,
-    build_response_ids,
-)
+from composer_replication.batching import TokenizedPair, pad_id, pad_rows, tokenize_pair
+from composer_replication.chat_format import build_hinted_teacher_sequence
 from composer_replication.dpo import dpo_loss
 from composer_replication.loss import self_distillation_loss, sequence_logprobs_for
+from composer_replication.types import PreferencePair
 
 try:
     from trl import GRPOTrainer
@@ -63,13 +61,8 @@ _INSTALL = "pip install composer-replication[trl]"
 
 
 def _pad_right(seqs: Sequence[Sequence[int]], fill: int, device: torch.device) -> torch.Tensor:
-    """``[B, max(len)]`` long tensor (at least one column), right-padded with ``fill``."""
-    width = max(1, max((len(s) for s in seqs), default=1))
-    out = torch.full((len(seqs), width), fill, dtype=torch.long, device=device)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long, device=device)
-    return out
+    """``[B, max(len)]`` long tensor (at least one column; rows may be empty), right-padded with ``fill``."""
+    return pad_rows(seqs, fill)[0].to(device)
 
 
 def _messages(prompt: Any, row: int, what: str) -> list[dict]:
@@ -166,7 +159,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             masks.append([0] * start + [1] * n)
         attn = [[1] * len(s) for s in ids]
         return {
-            "ctx_teacher_input_ids": _pad_right(ids, tok.pad_token_id or 0, device),
+            "ctx_teacher_input_ids": _pad_right(ids, pad_id(tok), device),
             "ctx_teacher_attention_mask": _pad_right(attn, 0, device),
             "sdpo_loss_mask": _pad_right(masks, 0, device),
         }
@@ -174,26 +167,24 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _dpo_tensors(self, prompts: list[Any], pairs: list[tuple[Any, Any]], device: torch.device) -> dict[str, torch.Tensor]:
         """``prompt + response`` rows for chosen and rejected (``[B, T*]``) and reference log-probs ``[B]``."""
         tok = self.processing_class
-        rows: dict[str, list[list[int]]] = {k: [] for k in ("c_ids", "c_mask", "r_ids", "r_mask")}
+        tokenized: list[TokenizedPair | None] = []
         for i, (prompt, (chosen, rejected)) in enumerate(zip(prompts, pairs)):
             if not chosen and not rejected:
-                for k in rows:
-                    rows[k].append([])
+                tokenized.append(None)
                 continue
             if not isinstance(chosen, str) or not isinstance(rejected, str) or not chosen or not rejected:
                 raise ValueError(f"row {i}: {DPO_CHOSEN_COLUMN} and {DPO_REJECTED_COLUMN} must both be non-empty "
                                  f"strings, got {chosen!r:.40} and {rejected!r:.40}")
-            p = build_prompt_ids(tok, _messages(prompt, i, "DPO pair"))
-            c, r = build_response_ids(tok, chosen), build_response_ids(tok, rejected)
-            for k, resp in (("c", c), ("r", r)):
-                rows[f"{k}_ids"].append(p + resp)
-                rows[f"{k}_mask"].append([0] * len(p) + [1] * len(resp))
-        pad = tok.pad_token_id or 0
+            pair = PreferencePair.from_actions(state_id=f"row {i}", state_messages=_messages(prompt, i, "DPO pair"),
+                                               chosen=chosen, rejected=rejected)
+            tokenized.append(tokenize_pair(tok, pair))
         out = {}
-        for side, k in (("chosen", "c"), ("rejected", "r")):
-            out[f"dpo_{side}_input_ids"] = _pad_right(rows[f"{k}_ids"], pad, device)
-            out[f"dpo_{side}_attention_mask"] = _pad_right([[1] * len(s) for s in rows[f"{k}_ids"]], 0, device)
-            out[f"dpo_{side}_response_mask"] = _pad_right(rows[f"{k}_mask"], 0, device)
+        for side in ("chosen", "rejected"):  # one row per batch row; rows without a pair stay empty
+            rows = [list(t.prompt) + list(getattr(t, side)) if t else [] for t in tokenized]
+            masks = [[0] * len(t.prompt) + [1] * len(getattr(t, side)) if t else [] for t in tokenized]
+            out[f"dpo_{side}_input_ids"] = _pad_right(rows, pad_id(tok), device)
+            out[f"dpo_{side}_attention_mask"] = _pad_right([[1] * len(r) for r in rows], 0, device)
+            out[f"dpo_{side}_response_mask"] = _pad_right(masks, 0, device)
         ref_model, ctx = self._dpo_reference()
         with torch.no_grad(), ctx:
             for side in ("chosen", "rejected"):

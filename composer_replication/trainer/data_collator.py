@@ -24,6 +24,7 @@ what channel 2 copies into the teacher row.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
@@ -34,6 +35,16 @@ from typing import Any, TypedDict
 import torch
 
 from composer_replication.actions import parse_action
+from composer_replication.batching import (
+    OVER_LENGTH,
+    BatchingStats,
+    TeacherRow,
+    TokenizedPair,
+    pad_rows,
+    preference_batch,
+    teacher_batch,
+    tokenize_pair,
+)
 from composer_replication.chat_format import (
     ROLES,
     TokenizerLike,
@@ -45,6 +56,7 @@ from composer_replication.chat_format import (
     render_chat_text,
     to_chat_messages,
 )
+from composer_replication.types import PreferencePair
 
 __all__ = [
     "TraceTurn",
@@ -111,7 +123,11 @@ class CollatorConfig:
     max_seq_len: int = 4096
     """Cap for student and teacher rows; history is dropped from the left, responses kept whole."""
     max_dpo_seq_len: int = 2048
-    """Cap for DPO chosen/rejected rows; the shared prompt is cut from the left by the same amount."""
+    """Cap for DPO chosen/rejected rows (see ``over_length``)."""
+    over_length: str = "truncate_left"
+    """Over-length policy of DPO rows (``composer_replication.batching``): ``truncate_left`` cuts the shared
+    prompt from the left; ``skip`` drops the pair; a response that alone reaches the cap is always dropped.
+    Drops are counted in ``stats.skipped_dpo``."""
     pad_token_id: int | None = None
     """Padding id; ``None`` takes the tokenizer's ``pad_token_id`` (else its ``eos_token_id``)."""
     padding_side: str | None = None
@@ -154,6 +170,8 @@ class CollatorConfig:
             raise ValueError(
                 f"CollatorConfig.response_turns must be 'all' or 'last', got {self.response_turns!r}"
             )
+        if self.over_length not in OVER_LENGTH:
+            raise ValueError(f"CollatorConfig.over_length must be one of {OVER_LENGTH}, got {self.over_length!r}")
         if not self.rlvr_reward_key or not self.group_key:
             raise ValueError("CollatorConfig.rlvr_reward_key and group_key must be non-empty strings")
 
@@ -176,6 +194,9 @@ class CollatorStats:
     """Error sites for which the hint generator returned ``None`` (no teacher row)."""
     sdpo_sites_dropped: int = 0
     """Error sites dropped because truncation cut their response out of the student row."""
+    skipped_dpo: int = 0
+    """DPO pairs skipped by the over-length policy (a response alone reaches ``max_dpo_seq_len``, or
+    ``over_length="skip"``)."""
 
 
 # ---------------------------------------------------------------------------- the collator
@@ -189,14 +210,6 @@ class _StudentRow:
     mask: list[int]
     spans: dict[int, tuple[int, int]]
     prompt_key: tuple[int, ...]
-
-
-@dataclass
-class _TeacherRow:
-    ids: list[int]
-    start: int
-    student_row: int
-    student_start: int
 
 
 @dataclass
@@ -218,6 +231,7 @@ class ComposerDataCollator:
     tokenizer: TokenizerLike
     config: CollatorConfig = field(default_factory=CollatorConfig)
     stats: CollatorStats = field(default_factory=CollatorStats, init=False)
+    stats_batching: BatchingStats = field(default_factory=BatchingStats, init=False)
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.tokenizer, "apply_chat_template", None)):
@@ -250,8 +264,8 @@ class ComposerDataCollator:
             raise ValueError(f"batch must be a non-empty list of TraceExample dicts, got {batch!r:.80}")
         cfg = self.config
         rows: list[_StudentRow] = []
-        teachers: list[_TeacherRow] = []
-        pairs: list[tuple[list[int], list[int], list[int], list[int]]] = []
+        teachers: list[tuple[TeacherRow, int]] = []
+        pairs: list[TokenizedPair] = []
         for b, ex in enumerate(batch):
             try:
                 msgs, turns = self._messages(ex)
@@ -259,7 +273,7 @@ class ComposerDataCollator:
                 if cfg.enable_sdpo and cfg.hint_generator is not None:
                     teachers += self._teacher_rows(b, turns, msgs, rows[-1])
                 if cfg.enable_replay_dpo:
-                    pairs += [self._dpo_pair(k, p) for k, p in enumerate(ex.get("dpo_pairs") or [])]
+                    pairs += [t for k, p in enumerate(ex.get("dpo_pairs") or []) if (t := self._dpo_pair(k, p))]
             except ValueError as e:
                 tid = ex.get("trace_id") if isinstance(ex, Mapping) else None
                 raise ValueError(f"example {b} (trace_id={tid!r}): {e}") from e
@@ -268,7 +282,7 @@ class ComposerDataCollator:
         if teachers:
             out.update(self._channel2(teachers, offsets))
         if pairs:
-            out.update(self._channel3(pairs))
+            out.update(preference_batch(pairs, self._pad_id, side=self._side))
         return out
 
     # ------------------------------------------------------------------ channel 1
@@ -410,8 +424,8 @@ class ComposerDataCollator:
 
     def _teacher_rows(
         self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]], row: _StudentRow
-    ) -> list[_TeacherRow]:
-        out: list[_TeacherRow] = []
+    ) -> list[tuple[TeacherRow, int]]:
+        out: list[tuple[TeacherRow, int]] = []
         cap = self.config.max_seq_len
         generate = self.config.hint_generator
         assert generate is not None
@@ -430,73 +444,28 @@ class ComposerDataCollator:
             if cut:
                 self.stats.truncated_sdpo += 1
                 ids, start = ids[cut:], start - cut
-            out.append(_TeacherRow(ids=ids, start=start, student_row=b, student_start=s))
+            out.append((TeacherRow(tuple(ids), start, b, 0), s))  # column fixed once the student batch is padded
         return out
 
-    def _channel2(self, teachers: list[_TeacherRow], student_offsets: list[int]) -> dict[str, torch.Tensor]:
-        ids, offsets = self._pad([t.ids for t in teachers], self._pad_id)
-        masks = [[0] * t.start + [1] * (len(t.ids) - t.start) for t in teachers]
-        s_index, t_index = [], []
-        for j, t in enumerate(teachers):
-            for k in range(len(t.ids) - t.start):
-                s_index.append((t.student_row, student_offsets[t.student_row] + t.student_start + k))
-                t_index.append((j, offsets[j] + t.start + k))
-        return {
-            "ctx_teacher_input_ids": ids,
-            "ctx_teacher_attention_mask": self._pad([[1] * len(t.ids) for t in teachers], 0)[0],
-            "sdpo_loss_mask": self._pad(masks, 0)[0],
-            "sdpo_student_index": torch.tensor(s_index, dtype=torch.long).reshape(-1, 2),
-            "sdpo_teacher_index": torch.tensor(t_index, dtype=torch.long).reshape(-1, 2),
-        }
+    def _channel2(self, teachers: list[tuple[TeacherRow, int]], student_offsets: list[int]) -> dict[str, torch.Tensor]:
+        rows = [dataclasses.replace(t, student_col=student_offsets[t.student_row] + s) for t, s in teachers]
+        return teacher_batch(rows, self._pad_id, side=self._side)
 
     # ------------------------------------------------------------------ channel 3
 
-    def _dpo_pair(self, k: int, pair: Any) -> tuple[list[int], list[int], list[int], list[int]]:
-        if not isinstance(pair, Mapping) or not isinstance(pair.get("state_messages"), list):
-            raise ValueError(
-                f"dpo_pairs[{k}] must be a DPOPair dict with a 'state_messages' list, got {pair!r:.80}"
-            )
-        for key in ("chosen", "rejected"):
-            if not isinstance(pair.get(key), str):
-                raise ValueError(f"dpo_pairs[{k}][{key!r}] must be a string, got {pair.get(key)!r:.80}")
-        prompt = build_prompt_ids(self.tokenizer, pair["state_messages"])
-        chosen = build_response_ids(self.tokenizer, pair["chosen"])
-        rejected = build_response_ids(self.tokenizer, pair["rejected"])
-        cap, longest = self.config.max_dpo_seq_len, max(len(chosen), len(rejected))
-        if longest >= cap:
-            raise ValueError(
-                f"dpo_pairs[{k}]: a response has {longest} tokens but max_dpo_seq_len={cap} must exceed it; "
-                "raise max_dpo_seq_len or drop the pair"
-            )
-        if len(prompt) + longest > cap:  # cut the shared prompt by the same amount for both sides
-            self.stats.truncated_dpo += 1
-            prompt = prompt[len(prompt) + longest - cap :]
-        return (
-            prompt + chosen,
-            [0] * len(prompt) + [1] * len(chosen),
-            prompt + rejected,
-            [0] * len(prompt) + [1] * len(rejected),
-        )
-
-    def _channel3(
-        self, pairs: list[tuple[list[int], list[int], list[int], list[int]]]
-    ) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for side, (i_ids, i_mask) in (("chosen", (0, 1)), ("rejected", (2, 3))):
-            out[f"dpo_{side}_input_ids"] = self._pad([p[i_ids] for p in pairs], self._pad_id)[0]
-            out[f"dpo_{side}_attention_mask"] = self._pad([[1] * len(p[i_ids]) for p in pairs], 0)[0]
-            out[f"dpo_{side}_response_mask"] = self._pad([p[i_mask] for p in pairs], 0)[0]
+    def _dpo_pair(self, k: int, pair: Any) -> TokenizedPair | None:
+        """Tokenize one ``dpo_pairs`` entry (a ``PreferencePair`` or the spec's ``DPOPair`` dict)."""
+        try:
+            pair = PreferencePair.from_mapping(pair, where=f"dpo_pairs[{k}]")
+        except ValueError as e:
+            raise ValueError(f"dpo_pairs[{k}] must be a DPOPair dict or a PreferencePair ({e})") from e
+        before = self.stats_batching.truncated
+        out = tokenize_pair(self.tokenizer, pair, max_seq_len=self.config.max_dpo_seq_len,
+                            over_length=self.config.over_length, stats=self.stats_batching)
+        self.stats.truncated_dpo += self.stats_batching.truncated - before
+        self.stats.skipped_dpo += out is None
         return out
 
-    # ------------------------------------------------------------------ padding
-
     def _pad(self, seqs: list[list[int]], fill: int) -> tuple[torch.Tensor, list[int]]:
-        """``[N, T]`` long tensor of ``seqs`` padded on the configured side, and each row's left offset."""
-        width = max(len(s) for s in seqs)
-        out = torch.full((len(seqs), width), fill, dtype=torch.long)
-        offsets = []
-        for i, s in enumerate(seqs):
-            off = width - len(s) if self._side == "left" else 0
-            out[i, off : off + len(s)] = torch.tensor(s, dtype=torch.long)
-            offsets.append(off)
-        return out, offsets
+        """``[N, T]`` long tensor of ``seqs`` padded on the configured side, and each row's first column."""
+        return pad_rows(seqs, fill, side=self._side)

@@ -9,8 +9,6 @@ overrides, builds the typed tree (unknown keys and wrong types name the dotted k
 
 from __future__ import annotations
 
-import glob
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +16,11 @@ from typing import Any, Literal
 
 import yaml
 
-from composer_replication.data import resolve_bundled
 from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
 from composer_replication.engine.config import yaml_error_text
 from recipes.monarch.run_folder import check_fresh_run_dir, open_run_dir
 
 __all__ = [
-    "REPO_ROOT",
     "PRESETS_DIR",
     "DataConfig",
     "TeachersConfig",
@@ -34,19 +30,12 @@ __all__ = [
     "list_presets",
     "load_config",
     "check_config",
-    "resolve_path",
-    "session_files",
     "config_to_yaml",
-    "load_states",
-    "normalize_pairs",
-    "read_pairs",
     "resume_config",
     "check_fresh_run_dir",
     "open_run_dir",
-    "ledger_spend",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -63,6 +52,9 @@ class DataConfig:
     """Trim each state's history to this many (approximate) tokens; ``null`` keeps the ingester's default."""
     tasks: str | None = None
     """Python tasks JSONL for ``student.rollout.environment`` ``python_tasks``/``mixed``; ``null`` = bundled."""
+    pairs: str | None = None
+    """A ``pairs.jsonl`` to train channel 3 on (e.g. written by ``python -m composer_replication.teacher_replay``
+    with or without ``--normalize``); ``null`` replays the states with ``teachers`` instead."""
     num_eval_prompts: int = 0
     """Prompts held out for the final evaluation (0: evaluate on the first training prompts)."""
 
@@ -203,12 +195,6 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
-def resolve_path(path: str) -> Path:
-    """``path`` as given when it exists (absolute or from the current folder), else from the repository root."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
-
-
 def _read_yaml(preset_or_path: str) -> dict[str, Any]:
     path = Path(preset_or_path).expanduser()
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
@@ -254,26 +240,6 @@ def load_config(preset_or_path: str = "single_node", overrides: list[str] | None
     return config
 
 
-def session_files(config: RecipeConfig) -> list[Path]:
-    """The trace files ``data.sessions`` names (globs expanded, sorted, de-duplicated).
-
-    Raises:
-        ValueError: an entry matches no file (names the entry and where it looked).
-    """
-    files: list[Path] = []
-    for entry in config.data.sessions:
-        entry = resolve_bundled(entry)
-        here = sorted(glob.glob(os.path.expanduser(entry)))
-        found = here or sorted(glob.glob(str(REPO_ROOT / entry)))
-        if not found:
-            raise ValueError(
-                f"'data.sessions' entry {entry!r} matches no file (looked in {Path.cwd()} and {REPO_ROOT}); "
-                "give existing trace files or globs"
-            )
-        files.extend(Path(f) for f in found if Path(f) not in files)
-    return files
-
-
 def check_config(config: RecipeConfig) -> None:
     """Checks that need the file system: trace files, tasks file, local model folders.
 
@@ -282,7 +248,19 @@ def check_config(config: RecipeConfig) -> None:
     """
     if not config.data.sessions:
         raise ValueError("'data.sessions' must list at least one trace file or glob")
+    from recipes.monarch.data import resolve_path, session_files
+
     session_files(config)
+    if config.data.pairs is not None:
+        from composer_replication.teacher_replay import load_pairs
+
+        path = resolve_path(config.data.pairs)
+        if not path.is_file():
+            raise ValueError(f"'data.pairs' file {config.data.pairs!r} does not exist; give a pairs.jsonl or null")
+        try:
+            load_pairs(path)
+        except ValueError as exc:
+            raise ValueError(f"'data.pairs': {exc}") from None
     if config.data.tasks is not None and not resolve_path(config.data.tasks).is_file():
         raise ValueError(f"'data.tasks' file {config.data.tasks!r} does not exist; give a tasks JSONL or null")
     model = config.student.model
@@ -308,64 +286,6 @@ def config_to_yaml(config: RecipeConfig) -> str:
 
 
 # ---------------------------------------------------------------------------- controller-side data
-
-
-def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
-    """Ingest ``data.sessions`` (any trace format) and keep the first ``data.max_states`` states.
-
-    Raises:
-        ValueError: no state could be read, or ``data.num_eval_prompts`` leaves nothing to train on.
-    """
-    from composer_replication.ingestion import ingest_any
-
-    kwargs: dict[str, Any] = {}
-    if config.data.max_history_tokens is not None:
-        kwargs["max_history_tokens"] = config.data.max_history_tokens
-    states: list[dict[str, Any]] = []
-    for path in session_files(config):
-        for state in ingest_any(path, **kwargs):
-            states.append(dict(state))
-            if len(states) >= config.data.max_states:
-                break
-        if len(states) >= config.data.max_states:
-            break
-    if not states:
-        raise ValueError(f"'data.sessions' {config.data.sessions} gave no trace states; check the files' format")
-    if config.data.num_eval_prompts >= len(states):
-        raise ValueError(
-            f"'data.num_eval_prompts' ({config.data.num_eval_prompts}) must be < the number of trace states "
-            f"({len(states)}); lower it or raise 'data.max_states'"
-        )
-    return states
-
-
-def normalize_pairs(config: RecipeConfig, pairs: list[Any]) -> list[Any]:
-    """The replaysim normalizer over the pairs (``teachers.normalize``; pass-through otherwise)."""
-    from composer_replication.replaysim import DJNormalizer
-
-    return list(DJNormalizer(skip_dj=not config.teachers.normalize).normalize(pairs))
-
-
-def read_pairs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The pairs of a run's ``pairs.jsonl`` as dicts (what the trainers get, on a fresh run and on resume)."""
-    import json
-
-    text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def ledger_spend(path: str | os.PathLike[str]) -> float:
-    """USD recorded in a teacher ledger (JSONL of calls; 0 when absent); what a resumed run reports as spend."""
-    import json
-
-    total = 0.0
-    if Path(path).is_file():
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            try:
-                total += float((json.loads(line).get("result") or {}).get("cost_usd") or 0.0)
-            except (ValueError, AttributeError):
-                continue
-    return total
 
 
 def resume_config(run_dir: str, overrides: list[str] | None = None) -> RecipeConfig:

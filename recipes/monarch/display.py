@@ -1,8 +1,9 @@
 """Live progress and the final summary table of the Monarch recipe (rich, or plain lines, or nothing).
 
 :class:`Display` shows the replay (calls done, pairs formed, teacher spend) and then one row of
-progress per training step: step, each loss channel under its true name (``grpo``/``lm_ce``,
-``sdpo_jsd``, ``trace_replay_dpo``), total, reward, tokens/s and the teacher spend.
+progress per training step: step, each loss channel under the name of the loss that ran (``loss/grpo``
+or ``loss/lm_ce``, ``loss/jsd``/``loss/taid``/``loss/entropy_opd``, ``loss/dpo``/``loss/simpo``), the total,
+the reward, tokens/s and the teacher spend.
 :func:`summary_rows` / :meth:`Display.summary` render the end-of-run table.
 """
 
@@ -12,9 +13,11 @@ import math
 import sys
 from typing import Any
 
+from composer_replication.engine.driver import CHANNEL_KEYS
+
 __all__ = ["Display", "CHANNELS", "format_step", "summary_rows"]
 
-CHANNELS = ("grpo", "lm_ce", "sdpo_jsd", "trace_replay_dpo")
+CHANNELS = CHANNEL_KEYS
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -26,12 +29,12 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def format_step(step: int, num_steps: int, metrics: dict[str, float], spent_usd: float) -> str:
-    """One progress line: ``step 3/20 grpo=... sdpo_jsd=... trace_replay_dpo=... total=... reward=... tok/s=... $=...``."""
+    """One progress line: ``step 3/20 grpo=... taid=... dpo=... total=... reward=... tok/s=... spend=$...``."""
     parts = [f"step {step + 1}/{num_steps}"]
-    parts += [f"{k}={_fmt(metrics[k])}" for k in CHANNELS if k in metrics]
-    parts.append(f"total={_fmt(metrics.get('total'))}")
-    parts.append(f"reward={_fmt(metrics.get('reward_mean'), 3)}")
-    parts.append(f"tok/s={_fmt(metrics.get('tokens_per_s'), 4)}")
+    parts += [f"{k.removeprefix('loss/')}={_fmt(metrics[k])}" for k in CHANNELS if k in metrics]
+    parts.append(f"total={_fmt(metrics.get('loss/total'))}")
+    parts.append(f"reward={_fmt(metrics.get('reward/mean'), 3)}")
+    parts.append(f"tok/s={_fmt(metrics.get('perf/tokens_per_s'), 4)}")
     parts.append(f"spend=${spent_usd:.4f}")
     return "  ".join(parts)
 
@@ -42,17 +45,17 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("run folder", str(summary.get("run_dir", ""))),
         ("steps", f"{summary.get('start_step', 0)} -> {summary.get('steps')}"),
         ("trace states / pairs", f"{summary.get('n_states')} / {summary.get('n_pairs')}"),
-        ("teacher spend (USD)", f"{summary.get('teacher_spent_usd', 0.0):.4f}"),
+        ("teacher spend (USD)", f"{summary.get('replay/spent_usd', 0.0):.4f}"),
     ]
     for key, value in (summary.get("final_metrics") or {}).items():
-        if key in (*CHANNELS, "total", "reward_mean", "tokens_per_s"):
+        if key in (*CHANNELS, "loss/total", "reward/mean", "perf/tokens_per_s"):
             rows.append((f"final {key}", _fmt(value)))
     for key, value in (summary.get("channel_nonzero_steps") or {}).items():
         rows.append((f"steps with {key} != 0", str(value)))
-    for name in ("eval_start", "eval"):
+    for name in ("eval_start", "eval_end"):
         for key, value in (summary.get(name) or {}).items():
-            if key.endswith("reward_mean"):
-                rows.append((f"{name} reward_mean", _fmt(value)))
+            if key == "eval/mean":
+                rows.append((f"{name} reward", _fmt(value)))
     rows.append(("wall time (s)", f"{summary.get('wall_time_s', 0.0):.1f}"))
     return rows
 

@@ -18,9 +18,11 @@ import logging
 import os
 import signal
 import sys
-import time
 
-from composer_replication.engine import RunDir, to_dict
+from composer_replication.engine import DriveConfig, RunDir, drive, to_dict
+from composer_replication.replaysim import DJNormalizer
+from composer_replication.teacher_replay import load_pairs
+from composer_replication.teacher_replay.ledger import ledger_spend
 from meshes import (
     ActorFailure,
     Reducer,
@@ -31,18 +33,10 @@ from meshes import (
     stream,
     wait,
 )
-from recipes.monarch.config import (
-    REPO_ROOT,
-    RecipeConfig,
-    ledger_spend,
-    load_config,
-    load_states,
-    normalize_pairs,
-    open_run_dir,
-    read_pairs,
-    resume_config,
-)
-from recipes.monarch.display import CHANNELS, Display
+from recipes.monarch.config import RecipeConfig, load_config, open_run_dir, resume_config
+from recipes.monarch.data import REPO_ROOT, load_states, resolve_path
+from recipes.monarch.display import Display
+from recipes.monarch.mesh_trainer import MeshTrainer
 
 log = logging.getLogger("recipes.monarch.run")
 
@@ -60,7 +54,11 @@ def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Displ
     from monarch.actor import Channel
 
     if resuming and run.pairs_path.is_file():
-        return read_pairs(run.pairs_path), ledger_spend(run.path / "teacher_ledger.jsonl")
+        return load_pairs(run.pairs_path), ledger_spend(run.path / "teacher_ledger.jsonl")
+    if cfg.data.pairs:  # pairs written earlier (e.g. by `python -m composer_replication.teacher_replay`)
+        pairs = load_pairs(resolve_path(cfg.data.pairs))
+        run.write_pairs(pairs)
+        return pairs, 0.0
     port, recv = Channel.open()
     fut = teacher.replay.call_one(states, port=port, max_total_usd=cfg.teachers.max_total_usd,
                                   ledger_path=str(run.path / "teacher_ledger.jsonl"))
@@ -74,8 +72,9 @@ def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Displ
         return item[0] == "done"
 
     out = stream(recv, fut, actor="teacher", timeout_s=cfg.mesh.replay_timeout_s, what="replay", on_item=on_item)
-    run.write_pairs(normalize_pairs(cfg, out["pairs"]))
-    return read_pairs(run.pairs_path), out["spent_usd"]
+    pairs = DJNormalizer(skip_dj=not cfg.teachers.normalize).normalize(out["pairs"])
+    run.write_pairs(pairs)
+    return pairs, out["spent_usd"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    t0, m = time.perf_counter(), cfg.mesh
-    if not args.resume:  # a resume rewrites config.yaml only once its checkpoint has loaded
+    m = cfg.mesh
+    if not resuming:  # a resume rewrites config.yaml only once its checkpoint has loaded (engine.drive)
         run.write_config(to_dict(cfg))
     display = Display(cfg.run.display, num_steps=cfg.student.num_steps)
     faults, restore_hook = install_fault_hook()
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             what="setup")
         # ------------------------------------------------------------ teacher replay -> pairs
         display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
-        pairs, spent = replay_pairs(cfg, teacher, states, run, display, resuming=bool(args.resume))
+        pairs, spent = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
         display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
         setup = wait(trainer.setup.call(
@@ -124,38 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
         (run.path / "processes.json").write_text(json.dumps(
             {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
-        start = 0
-        if args.resume:
-            start = min(wait(trainer.load_latest.call(str(run.path)), actor="trainer", timeout_s=m.call_timeout_s,
-                             what="load_latest").values())
-            run.truncate_metrics(start)
-            run.write_config(to_dict(cfg))
-            display.message(f"resumed at step {start}")
-        eval_start = _evaluate(cfg, trainer) if cfg.run.evaluate and start == 0 else None
-        # ------------------------------------------------------------ training loop
-        metrics, nonzero, n = {}, {k: 0 for k in CHANNELS}, cfg.student.num_steps
-        for step in range(start, n):
-            per_rank = wait(trainer.train_step.call(step), actor="trainer", timeout_s=m.call_timeout_s,
-                            what=f"train_step({step})").values()
-            metrics = wait(reducer.aggregate_metrics.call_one(list(per_rank)), actor="reducer",
-                           timeout_s=m.call_timeout_s, what="aggregate_metrics")
-            metrics["teacher_spent_usd"] = spent
-            run.log_metrics(step, metrics)
-            display.step(step, metrics, spent)
-            nonzero.update({k: nonzero[k] + 1 for k in CHANNELS if metrics.get(k, 0.0) not in (0.0, None)})
-            done = step + 1
-            if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == n:
-                wait(trainer.save.call(str(run.path), done, cfg.run.keep_last), actor="trainer",
-                     timeout_s=m.call_timeout_s, what=f"save({done})")
-        # ------------------------------------------------------------ evaluation and summary
-        summary = {
-            "run_dir": str(run.path), "steps": n, "start_step": start, "n_states": len(states),
-            "n_pairs": len(pairs), "teacher_spent_usd": spent, "final_metrics": metrics,
-            "channel_nonzero_steps": {k: v for k, v in nonzero.items() if k in metrics},
-            "eval_start": eval_start, "eval": _evaluate(cfg, trainer) if cfg.run.evaluate else None,
-            "wall_time_s": time.perf_counter() - t0,
-        }
-        run.write_summary(summary)
+        # ------------------------------------------------------------ training: the one driver
+        mesh_trainer = MeshTrainer(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
+        drive_cfg = DriveConfig(num_steps=cfg.student.num_steps, checkpoint_every=cfg.run.checkpoint_every,
+                                keep_last=cfg.run.keep_last, resume=resuming, evaluate=cfg.run.evaluate)
+        summary = drive(mesh_trainer, run, drive_cfg, run_config=to_dict(cfg),
+                        extra_metrics={"replay/spent_usd": spent},
+                        on_step=lambda step, metrics: display.step(step, metrics, spent),
+                        on_resume=lambda step: display.message(f"resumed at step {step}"),
+                        summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": len(pairs),
+                                       "replay/spent_usd": spent})
         display.summary(summary)
         return 0
     except ActorFailure as exc:
@@ -175,11 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if faults.failures:
             log.warning("%d actor failure(s) were reported by Monarch during the run", len(faults.failures))
-
-
-def _evaluate(cfg: RecipeConfig, trainer) -> dict:
-    vals = wait(trainer.evaluate.call(), actor="trainer", timeout_s=cfg.mesh.call_timeout_s, what="evaluate")
-    return dict(vals.values()[0])
 
 
 def _cuda() -> bool:

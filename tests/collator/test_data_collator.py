@@ -355,7 +355,7 @@ def test_dpo_pairs(tokenizer):
 
 
 def test_bad_dpo_pair(tokenizer):
-    with pytest.raises(ValueError, match=r"example 0.*dpo_pairs\[0\]\['rejected'\] must be a string"):
+    with pytest.raises(ValueError, match=r"example 0.*dpo_pairs\[0\].*'rejected' must be the action text"):
         make(tokenizer)([simple_example(dpo_pairs=[{"state_messages": [], "chosen": "a", "rejected": None}])])
     with pytest.raises(ValueError, match=r"dpo_pairs\[0\] must be a DPOPair dict"):
         make(tokenizer)([simple_example(dpo_pairs=["nope"])])
@@ -429,8 +429,12 @@ def test_dpo_truncation_cuts_shared_prompt(tokenizer):
     assert max(len(c_ids), len(r_ids)) == 24
     assert c_ids[-len(rc) :] == rc and r_ids[-len(rr) :] == rr
     assert c_ids[: -len(rc)] == r_ids[: -len(rr)]  # the same prompt on both sides
-    with pytest.raises(ValueError, match="max_dpo_seq_len=3 must exceed it"):
-        make(tokenizer, max_dpo_seq_len=3)([simple_example(dpo_pairs=[pair])])
+    tight = make(tokenizer, max_dpo_seq_len=3)  # a response alone reaches the cap: skipped, counted
+    assert not any(k.startswith("dpo_") for k in tight([simple_example(dpo_pairs=[pair])]))
+    assert tight.stats.skipped_dpo == 1 and tight.stats_batching.skipped == {"response_over_length": 1}
+    skip = make(tokenizer, max_dpo_seq_len=24, over_length="skip")  # the other policy: no cut, skipped
+    assert not any(k.startswith("dpo_") for k in skip([simple_example(dpo_pairs=[pair])]))
+    assert skip.stats.skipped_dpo == 1 and skip.stats.truncated_dpo == 0
 
 
 # ---------------------------------------------------------------------------- bad inputs

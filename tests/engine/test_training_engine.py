@@ -128,18 +128,22 @@ def test_two_steps_change_every_parameter(straight):
 def test_metrics_name_every_channel_and_all_three_fire(straight):
     metrics = straight["metrics"]
     for m in metrics:
-        for key in ("grpo", "sdpo_jsd", "trace_replay_dpo", "total", "reward_mean", "reward_std", "n_error_sites",
-                    "n_pairs", "tokens", "tokens_per_s", "lr", "grad_norm", "taid_t", "step_time_s"):
+        for key in ("loss/grpo", "loss/taid", "loss/dpo", "loss/total", "reward/mean", "reward/std",
+                    "rollout/num_error_sites", "replay/num_pairs", "perf/tokens", "perf/tokens_per_s", "loss/lr",
+                    "loss/grad_norm", "loss/taid/t", "perf/step_time_s"):
             assert key in m, key
-        assert "lm_ce" not in m  # rollouts carry old log-probs: channel 1 is GRPO, never mislabelled
+        assert "loss/lm_ce" not in m  # rollouts carry old log-probs: channel 1 is GRPO, never mislabelled
+        assert "loss/jsd" not in m and "sdpo_jsd" not in m  # TAID ran: channel 2 is named for it
+        assert all(k.split("/")[0] in ("loss", "reward", "rollout", "replay", "perf") for k in m), sorted(m)
         assert all(isinstance(v, float) for v in m.values())
-    for channel in ("grpo", "sdpo_jsd", "trace_replay_dpo"):
+    for channel in ("loss/grpo", "loss/taid", "loss/dpo"):
         assert any(m[channel] != 0.0 for m in metrics), f"channel {channel} never fired"
-    assert all(m["n_error_sites"] > 0 and m["n_hinted"] > 0 and m["n_pairs"] == 1.0 for m in metrics)
+    assert all(m["rollout/num_error_sites"] > 0 and m["rollout/num_hinted"] > 0 and m["replay/num_pairs"] == 1.0
+               for m in metrics)
     # warm-up then cosine: lr rises to the peak at step 1, then decays
-    lrs = [m["lr"] for m in metrics]
+    lrs = [m["loss/lr"] for m in metrics]
     assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3) and lrs[3] < lrs[2] < lrs[1]
-    taid = [m["taid_t"] for m in metrics]
+    taid = [m["loss/taid/t"] for m in metrics]
     assert taid[0] == pytest.approx(0.4) and all(b >= a for a, b in zip(taid, taid[1:]))
 
 
@@ -155,7 +159,8 @@ def test_resume_in_a_new_core_is_bit_identical(straight):
     assert resumed.step == 2
     m2 = resumed.train_step(2)
     m3 = resumed.train_step(3)
-    assert m2["total"] == straight["metrics"][2]["total"] and m3["taid_t"] == straight["metrics"][3]["taid_t"]
+    assert m2["loss/total"] == straight["metrics"][2]["loss/total"]
+    assert m3["loss/taid/t"] == straight["metrics"][3]["loss/taid/t"]
     for n, p in resumed.model.named_parameters():
         assert torch.equal(p, straight["p4"][n]), f"{n} differs after resume"
 
@@ -172,9 +177,10 @@ def test_run_plain_crash_and_resume_matches_and_keeps_metrics_unique(tmp_path, s
         run_plain(cfg, make_data(), tmp_path, checkpoint_every=2, on_step=crash_at_2, evaluate=False)
     assert latest_checkpoint(tmp_path).name == "step_000002"
     summary = run_plain(cfg, make_data(), tmp_path, checkpoint_every=2, resume=True, evaluate=True)
-    assert summary["start_step"] == 2 and summary["resumed_from"].endswith("step_000002")
-    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 3]
+    assert summary["start_step"] == 2 and summary["eval_start"] is None  # a resumed run does not re-evaluate
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss/total" in r] == [0, 1, 2, 3]  # every step once
+    assert [r["step"] for r in rows if "eval/mean" in r] == [4]  # the final evaluation row
     final = load_checkpoint(latest_checkpoint(tmp_path))
     assert final["step"] == 4
     for n, p in straight["p4"].items():
@@ -182,7 +188,7 @@ def test_run_plain_crash_and_resume_matches_and_keeps_metrics_unique(tmp_path, s
     assert (tmp_path / "config.yaml").is_file() and list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert json.loads((tmp_path / "pairs.jsonl").read_text())["state_id"] == "s1"
     written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["eval"]["eval/n_scored"] == 2.0 and 0.0 <= written["eval"]["eval/reward_mean"]
+    assert written["eval_end"]["eval/num_scored"] == 2.0 and 0.0 <= written["eval_end"]["eval/mean"]
 
 
 @pytest.mark.slow
@@ -191,7 +197,8 @@ def test_pairs_only_falls_back_to_lm_ce_and_simpo():
     cfg = make_config(dpo_variant="simpo")
     core = StudentTrainerCore(cfg, data=data)
     m = core.train_step(0)
-    assert m["lm_ce"] > 0 and "grpo" not in m and m["trace_replay_dpo"] != 0.0 and m["n_rollouts"] == 0.0
+    assert m["loss/lm_ce"] > 0 and "loss/grpo" not in m and m["loss/simpo"] != 0.0 and "loss/dpo" not in m
+    assert "rollout/num_samples" not in m and m["replay/num_pairs"] == 1.0
 
 
 @pytest.mark.slow
@@ -217,12 +224,12 @@ def test_weights_round_trip_evaluate_and_errors(straight):
     with pytest.raises(ValueError, match="shape mismatch"):
         core.set_weights(bad)
     ev = core.evaluate()
-    assert ev["eval/n_scored"] == 2.0 and set(ev) == {"eval/reward_mean", "eval/reward_std", "eval/error_rate",
-                                                        "eval/n_scored"}
+    assert ev["eval/num_scored"] == 2.0 and set(ev) == {"eval/mean", "eval/std", "eval/error_rate",
+                                                          "eval/num_scored"}
     assert core.evaluate(greedy=True) == ev  # greedy is deterministic
     one = core.data.prompts[:1]
     sampled = core.evaluate(one, greedy=False)
-    assert sampled["eval/n_scored"] == 1.0 and sampled == core.evaluate(one, greedy=False)  # seeded
+    assert sampled["eval/num_scored"] == 1.0 and sampled == core.evaluate(one, greedy=False)  # seeded
     with pytest.raises(ValueError, match="missing keys"):
         core.load_state_dict({"step": 1})
     with pytest.raises(ValueError, match="'step' must be >= 0"):

@@ -9,7 +9,6 @@ import torch
 
 from meshes import (
     FaultSpec,
-    PairCollector,
     attach_meshes,
     mean_metrics,
     mean_tensors,
@@ -38,9 +37,12 @@ def test_mean_tensors_rejects_mismatches():
 
 
 def test_mean_metrics_means_sums_counts_and_skips_nan():
-    out = mean_metrics([{"total": 1.0, "n_pairs": 2.0, "tokens_per_s": 10.0, "x": float("nan")},
-                        {"total": 3.0, "n_pairs": 1.0, "tokens_per_s": 5.0, "x": float("nan"), "y": 4.0}])
-    assert out["total"] == 2.0 and out["n_pairs"] == 3.0 and out["tokens_per_s"] == 15.0
+    out = mean_metrics([{"loss/total": 1.0, "replay/num_pairs": 2.0, "perf/tokens_per_s": 10.0,
+                         "rollout/errors/json_decode": 1.0, "x": float("nan")},
+                        {"loss/total": 3.0, "replay/num_pairs": 1.0, "perf/tokens_per_s": 5.0, "x": float("nan"),
+                         "y": 4.0}])
+    assert out["loss/total"] == 2.0 and out["replay/num_pairs"] == 3.0 and out["perf/tokens_per_s"] == 15.0
+    assert out["rollout/errors/json_decode"] == 1.0
     assert math.isnan(out["x"]) and out["y"] == 4.0
 
 
@@ -83,17 +85,6 @@ def test_to_failure_classifies_timeouts_and_plain_errors():
     g = to_failure(OSError("boom"), actor="reducer")
     assert g.kind == "raised" and "OSError: boom" in str(g)
     assert to_failure(f, actor="x") is f
-
-
-def test_pair_collector_emits_when_every_teacher_answered():
-    state = {"state_id": "s", "messages": [{"role": "user", "content": "ls"}],
-             "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}'}
-    coll = PairCollector([state], num_teachers=2, agreement_threshold=2)
-    r = {"state_id": "s", "response_text": '[TOOL_USE] name=Read input={"file_path": "a"}', "error": None,
-         "latency_s": 0.1, "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0}
-    assert coll.add({**r, "teacher_slug": "a"}) == []
-    pairs = coll.add({**r, "teacher_slug": "b"})
-    assert len(pairs) == 1 and pairs[0]["n_teachers_agreeing"] == 2 and "Read" in pairs[0]["chosen"]
 
 
 def test_replica_dir_and_attach():

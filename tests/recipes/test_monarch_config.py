@@ -7,7 +7,8 @@ from recipe_helpers import REPO, session_overrides
 
 from meshes.hosts import child_pids
 from recipes.monarch import run as recipe
-from recipes.monarch.config import RecipeConfig, list_presets, load_config, load_states
+from recipes.monarch.config import RecipeConfig, list_presets, load_config
+from recipes.monarch.data import load_states
 
 
 def test_presets_exist_and_load():
@@ -76,7 +77,7 @@ def test_fresh_run_refuses_an_existing_run_folder(tmp_path, capsys):
 
 
 def test_ledger_spend(tmp_path):
-    from recipes.monarch.config import ledger_spend
+    from composer_replication.teacher_replay.ledger import ledger_spend
 
     path = tmp_path / "ledger.jsonl"
     assert ledger_spend(path) == 0.0

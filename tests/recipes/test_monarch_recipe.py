@@ -23,7 +23,7 @@ from composer_replication.engine import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.monarch]
 
-CHANNELS = ("grpo", "sdpo_jsd", "trace_replay_dpo")
+CHANNELS = ("loss/grpo", "loss/jsd", "loss/dpo")
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,17 @@ def test_tiny_run_completes_with_every_channel(tiny_run):
                  "teacher_ledger.jsonl"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [m for m in rows if "loss/total" in m]
     assert [int(m["step"]) for m in lines] == [0, 1, 2, 3]
+    assert [int(m["step"]) for m in rows if "eval/mean" in m] == [0, 4]  # eval_start and eval_end rows
     for ch in CHANNELS:
         assert any(m[ch] not in (0.0, None) for m in lines), f"channel {ch} was zero at every step"
-    assert all("reward_mean" in m and "tokens_per_s" in m and "teacher_spent_usd" in m for m in lines)
+    assert all("reward/mean" in m and "perf/tokens_per_s" in m and "replay/spent_usd" in m for m in lines)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 4 and summary["n_pairs"] >= 1 and summary["eval"] is not None
+    assert summary["steps"] == 4 and summary["n_pairs"] >= 1 and summary["eval_end"] is not None
+    assert summary["eval_start"].keys() == summary["eval_end"].keys()
     assert "config.yaml" not in out and "step 4/4" in out  # plain display printed the progress
     cfg = (run_dir / "config.yaml").read_text()
     assert str(run_dir) in cfg and "{time}" not in cfg
@@ -77,9 +80,34 @@ def test_resume_matches_uninterrupted_run_bit_exact(tiny_run, tmp_path):
         assert torch.equal(full[k], resumed[k]), k
     a = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (copy / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in b] == [0, 1, 2, 3]
+    assert [m["step"] for m in b if "loss/total" in m] == [0, 1, 2, 3]
+    assert [m["step"] for m in b if "eval/mean" in m] == [0, 4]
     for x, y in zip(a, b):
-        assert x["total"] == y["total"] and x["reward_mean"] == y["reward_mean"]
+        assert x.get("loss/total") == y.get("loss/total") and x.get("reward/mean") == y.get("reward/mean")
+
+
+def test_pairs_written_by_the_replay_cli_train_in_the_recipe(tmp_path):
+    """`python -m composer_replication.teacher_replay --normalize --out pairs.jsonl` -> `data.pairs=` of the recipe."""
+    from composer_replication.ingestion import ingest_any
+
+    states = [dict(s) for s in ingest_any(sorted((REPO / "composer_replication" / "data" / "sessions").glob("*.jsonl"))[0])][:3]
+    (tmp_path / "states.jsonl").write_text("".join(json.dumps(s) + "\n" for s in states))
+    cli = subprocess.run([sys.executable, "-m", "composer_replication.teacher_replay", str(tmp_path / "states.jsonl"),
+                          "--teachers", "local:tiny", "--agreement", "1", "--budget", "0", "--max-tokens", "16",
+                          "--ledger", str(tmp_path / "ledger.jsonl"), "--out", str(tmp_path / "pairs.jsonl"),
+                          "--normalize"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    written = [json.loads(x) for x in (tmp_path / "pairs.jsonl").read_text().splitlines()]
+    assert written and all({"chosen", "rejected", "chosen_messages", "metadata"} <= set(p) for p in written)
+    run_dir = tmp_path / "run"
+    rc, out, _ = run_recipe("--config", "tiny", f"run.dir={run_dir}", "run.display=plain", "run.evaluate=false",
+                            "student.num_steps=1", f"data.pairs={tmp_path / 'pairs.jsonl'}", *session_overrides())
+    assert rc == 0, out[-3000:]
+    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["replay/num_pairs"] >= 1 and row["loss/dpo"] != 0.0
+    assert [json.loads(x)["state_id"] for x in (run_dir / "pairs.jsonl").read_text().splitlines()] == [
+        p["state_id"] for p in written]
 
 
 @pytest.mark.parametrize("mode,verb", [("raise", "raised an error"), ("exit", "died")])

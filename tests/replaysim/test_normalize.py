@@ -192,9 +192,9 @@ def test_bad_backend_and_missing_data_juicer(monkeypatch):
 @pytest.mark.parametrize(
     ("pair", "exc", "match"),
     [
-        ({"state_id": "a", "chosen": "x"}, ValueError, r"pairs\[0\] is missing key\(s\) \['state_messages', 'rejected'"),
-        ({**_pair("a", "x"), "chosen": None}, TypeError, r"pairs\[0\]\['chosen'\] must be str"),
-        ("not a pair", TypeError, r"pairs\[0\] must be a DPOPair mapping"),
+        ({"state_id": "a", "chosen": "x"}, ValueError, r"pairs\[0\]: 'rejected' must be the action text"),
+        ({**_pair("a", "x"), "chosen": None}, ValueError, r"pairs\[0\]: 'chosen' must be the action text"),
+        ("not a pair", ValueError, r"pairs\[0\]: a pair must be a mapping"),
     ],
 )
 def test_bad_pairs(pair, exc, match):
@@ -264,7 +264,7 @@ STATES = [{"state_id": "t::0000", "messages": [{"role": "user", "content": "go"}
 
 def test_replay_and_normalize_trace_forwards_and_normalises(monkeypatch):
     calls: dict = {}
-    monkeypatch.setattr(norm_mod, "_teacher_replay", lambda: _fake_teacher_replay(calls))
+    monkeypatch.setattr(norm_mod, "teacher_replay", _fake_teacher_replay(calls))
     raw, pairs = asyncio.run(replaysim.replay_and_normalize_trace(
         states=STATES, agreement_threshold=3, max_total_usd=1.5, api_key="k"))
     assert len(raw) == 4 and calls["extract"] == {"n": 4, "agreement_threshold": 3}
@@ -276,7 +276,7 @@ def test_replay_and_normalize_trace_forwards_and_normalises(monkeypatch):
 
 def test_replay_sync_wrapper_and_explicit_normalizer(monkeypatch):
     calls: dict = {}
-    monkeypatch.setattr(norm_mod, "_teacher_replay", lambda: _fake_teacher_replay(calls))
+    monkeypatch.setattr(norm_mod, "teacher_replay", _fake_teacher_replay(calls))
     teachers = [{"slug": "local:tiny", "input_per_mtok": 0.0, "output_per_mtok": 0.0}]
     raw, pairs = replaysim.replay_and_normalize_trace_sync(
         states=STATES, teachers=teachers, normalizer=DJNormalizer(skip_dj=True))

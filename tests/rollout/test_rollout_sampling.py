@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
+from composer_replication.batching import cut_at_end_of_turn
 from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
 from composer_replication.rollout.environment import Prompt
-from composer_replication.rollout.sampling import _cut_at_end_of_turn, sample_rollouts
+from composer_replication.rollout.sampling import sample_rollouts
 
 PROMPTS = [
     Prompt(prompt_id="a", messages=[{"role": "user", "content": "hi"}]),
@@ -128,7 +129,7 @@ def test_responses_end_at_the_end_of_turn_token(tiny_model_and_tokenizer):
 
 
 def test_cut_at_end_of_turn():
-    assert _cut_at_end_of_turn([[5, 2, 0, 0], [5, 6, 7]], 2) == ([[5, 2], [5, 6, 7]], [False, True])
+    assert cut_at_end_of_turn([[5, 2, 0, 0], [5, 6, 7]], 2) == ([[5, 2], [5, 6, 7]], [False, True])
 
 
 @pytest.mark.parametrize(

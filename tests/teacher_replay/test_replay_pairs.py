@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from composer_replication.teacher_replay import extract_dpo_pairs, load_pairs, save_pairs
+from composer_replication.teacher_replay import PairCollector, extract_dpo_pairs, load_pairs, save_pairs
 
 READ_A = '[TOOL_USE] name=Read input={"file_path": "/a.py", "limit": 10}'
 READ_A_REORDERED = '[TOOL_USE] name=Read input={"limit":10,   "file_path":"/a.py"}  '
@@ -130,8 +130,19 @@ def test_save_and_load_round_trip_atomic(tmp_path):
 def test_load_pairs_errors_name_the_line(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"state_id": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"p.jsonl:1: a DPO pair needs keys"):
+    with pytest.raises(ValueError, match=r"p.jsonl:1: 'chosen' must be the action text"):
         load_pairs(p)
     p.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"p.jsonl:1: not a JSON line"):
         load_pairs(p)
+
+
+def test_pair_collector_emits_when_every_teacher_answered():
+    state = {"state_id": "s", "messages": [{"role": "user", "content": "ls"}],
+             "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}'}
+    coll = PairCollector([state], num_teachers=2, agreement_threshold=2)
+    r = {"state_id": "s", "response_text": '[TOOL_USE] name=Read input={"file_path": "a"}', "error": None,
+         "latency_s": 0.1, "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0}
+    assert coll.add({**r, "teacher_slug": "a"}) == []
+    pairs = coll.add({**r, "teacher_slug": "b"})
+    assert len(pairs) == 1 and pairs[0]["n_teachers_agreeing"] == 2 and "Read" in pairs[0]["chosen"]
