@@ -1,7 +1,7 @@
 """A small real three-channel batch built from a tokenizer's chat template (for smoke tests and demos).
 
 :func:`build_batch` renders a coding task through the tokenizer's chat template and returns every key
-of the training batch contract (``batch_contract.md``) for the three channels of
+of the training batch contract (``docs/collator.md``) for the three channels of
 :func:`composer_replication.loss.compose_loss`:
 
 1. two student attempts (prompt + response, ``response_mask`` on the response tokens);
@@ -15,11 +15,12 @@ Randomness (which attempts, hints and pairs are drawn) comes from a local ``torc
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from composer_replication.batching import pad_rows
+from composer_replication.chat_format import build_prompt_ids, build_response_ids
 from composer_replication.loss import sequence_logprobs_for
 
 __all__ = ["VARIANTS", "build_batch"]
@@ -80,41 +81,17 @@ VARIANTS = tuple(_TASKS)
 _SYSTEM = "You are a careful Python programmer. Answer with code only."
 
 
-def _chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """``apply_chat_template(..., add_generation_prompt=True, tokenize=True)`` as a list of ids."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(out, Mapping):
-        out = out["input_ids"]
-    return list(out)
-
-
-def _end_of_turn(tokenizer: Any) -> int:
-    """``<|im_end|>`` for ChatML tokenizers, else the tokenizer's eos id."""
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if end is None or end == tokenizer.unk_token_id:
-        end = tokenizer.eos_token_id
-    return int(end)
-
-
-def _response_ids(tokenizer: Any, text: str, end: int) -> list[int]:
-    """The assistant text's tokens followed by the end-of-turn token ``end``."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [end]
-
-
 def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int, length: int | None = None, left: bool = False):
-    """(prompt, response) pairs -> ``ids``, ``attention_mask``, ``response_mask`` ``[B, T]``.
+    """(prompt, response) pairs -> ``ids``, ``attention_mask``, ``response_mask`` ``[B, T]`` (``batching.pad_rows``).
 
     With ``length`` shorter than a row, the row loses its first tokens (legacy ``align_sdpo_shapes``)."""
     T = length if length is not None else max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    att, resp = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, (p, r) in enumerate(rows):
-        seq, mask = (p + r)[-T:], ([0] * len(p) + [1] * len(r))[-T:]
-        off = T - len(seq) if left else 0
-        ids[i, off : off + len(seq)] = torch.tensor(seq)
-        att[i, off : off + len(seq)] = 1
-        resp[i, off : off + len(seq)] = torch.tensor(mask)
-    return ids, att, resp
+    seqs = [(p + r)[-T:] for p, r in rows]
+    masks = [([0] * len(p) + [1] * len(r))[-T:] for p, r in rows]
+    side = "left" if left else "right"
+    ids = pad_rows(seqs, pad_id, side=side, width=T)[0]
+    att = pad_rows([[1] * len(q) for q in seqs], 0, side=side, width=T)[0]
+    return ids, att, pad_rows(masks, 0, side=side, width=T)[0]
 
 
 def build_batch(
@@ -162,19 +139,18 @@ def build_batch(
     attempts = [task["attempts"][i] for i in torch.randperm(len(task["attempts"]), generator=gen)[:2].tolist()]
     hints = [task["hints"][i] for i in torch.randperm(len(task["hints"]), generator=gen).tolist()]
     pair_order = torch.randperm(len(task["chosen"]), generator=gen).tolist()
-    end = _end_of_turn(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     history = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": task["prompt"]}]
-    prompt = _chat_prompt(tokenizer, history)
-    responses = [_response_ids(tokenizer, a, end) for a in attempts]
+    prompt = build_prompt_ids(tokenizer, history)
+    responses = [build_response_ids(tokenizer, a) for a in attempts]
     student = _pad([(prompt, r) for r in responses], pad_id)
     teacher_rows = [
-        (_chat_prompt(tokenizer, history + [{"role": "user", "content": h}]), r) for h, r in zip(hints, responses)
+        (build_prompt_ids(tokenizer, history + [{"role": "user", "content": h}]), r) for h, r in zip(hints, responses)
     ]
     teacher = _pad(teacher_rows, pad_id, student[0].shape[1], left=True) if align_sdpo_shapes else _pad(teacher_rows, pad_id)
-    chosen = _pad([(prompt, _response_ids(tokenizer, task["chosen"][i], end)) for i in pair_order], pad_id)
-    rejected = _pad([(prompt, _response_ids(tokenizer, task["rejected"][i], end)) for i in pair_order], pad_id)
+    chosen = _pad([(prompt, build_response_ids(tokenizer, task["chosen"][i])) for i in pair_order], pad_id)
+    rejected = _pad([(prompt, build_response_ids(tokenizer, task["rejected"][i])) for i in pair_order], pad_id)
 
     batch = {}
     for prefix, (ids, att, mask), mask_key in (

@@ -1,6 +1,6 @@
 """Supervision: every actor failure reaches the controller as one clear error, and nothing hangs.
 
-Three pieces (see ``docs/recipes.md`` and notes/monarch.md §2):
+Three pieces (see ``docs/recipes.md``):
 
 - :func:`names_rank`: a decorator for actor endpoints that re-raises any exception as
   ``RuntimeError("<actor> rank <r>: <Type>: <message>")``. Monarch's ``ActorError`` carries the

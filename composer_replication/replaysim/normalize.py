@@ -7,7 +7,7 @@ Each pair becomes a record with the chosen and rejected actions as flat strings 
 ``rejected``, and ``text = chosen + "\\n" + rejected``) beside the chat-message lists, so a
 data-juicer recipe runs unchanged. The default ``backend="native"`` runs the operators of
 ``composer_replication.replaysim.ops``; ``backend="data_juicer"`` runs the real data-juicer, which is
-never a dependency (it installs packages while running; see notes/offline-deps.md §5).
+never a dependency (it installs packages while running; see ``docs/replaysim.md``).
 """
 
 from __future__ import annotations

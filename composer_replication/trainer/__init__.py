@@ -41,9 +41,8 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------- trainer (lazy)
-# >>> ComposerReplicationTrainer: owned by the trainer helper. It lives in
-# >>> composer_replication/trainer/composer_trainer.py and is imported on first attribute access
-# >>> below, so `import composer_replication.trainer` never needs trl. Extend _LAZY for more names.
+# ComposerReplicationTrainer lives in composer_replication/trainer/composer_trainer.py and is imported on
+# first attribute access below, so `import composer_replication.trainer` never needs trl.
 _LAZY = {"ComposerReplicationTrainer": "composer_replication.trainer.composer_trainer"}
 
 

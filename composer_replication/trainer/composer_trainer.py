@@ -20,7 +20,7 @@ the batch-contract tensors with one row per completion, so TRL's ``shuffle_seque
 all-zero ``sdpo_loss_mask`` / ``dpo_*_response_mask`` and are skipped by the loss. A prompt repeated
 ``num_generations`` times repeats its pair that many times (equal weights per prompt).
 
-Batch keys (``/work/batch_contract.md``): ``ctx_teacher_input_ids``, ``ctx_teacher_attention_mask``,
+Batch keys (the batch contract, ``docs/collator.md``): ``ctx_teacher_input_ids``, ``ctx_teacher_attention_mask``,
 ``sdpo_loss_mask`` ``[B, Tt]``; ``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``
 ``[B, T*]`` and ``dpo_{chosen,rejected}_ref_logprobs`` ``[B]``. The DPO reference is ``ref_model``
 when TRL keeps one (``beta > 0``), the adapter-disabled model under PEFT, else the policy at sampling
