@@ -9,10 +9,25 @@ holds when this process re-evaluates it; lines without the run's nonce are ignor
 from __future__ import annotations
 
 import ast
+import operator
+from collections.abc import Callable, Iterable
 
 from composer_replication.rollout import _sandbox_facts as facts
 
-__all__ = ["parse_records", "summarize"]
+__all__ = ["decode", "judge_check", "parse_records", "summarize"]
+
+_EVAL_OPS: dict[str, Callable[[object, object], object]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": operator.is_,
+    "is not": operator.is_not,
+}
 
 
 def parse_records(raw: bytes, nonce: str) -> list[tuple]:
@@ -106,4 +121,65 @@ def _check_holds(record: tuple, sites: list) -> bool:
         return False
     if not all(isinstance(p, tuple) and len(p) == 2 for p in leaves):
         return False
-    return facts.judge_check(sites[k], leaves)
+    return judge_check(sites[k], leaves)
+
+
+class _Missing(Exception):
+    """A leaf the parent needs was not reported (the child short-circuited differently)."""
+
+
+def decode(v: object, depth: int = 0) -> object:
+    """A value serialized by the child's ``enc``, decoded into the same plain value (raises ``ValueError``)."""
+    if depth > facts.MAX_DEPTH + 2 or not isinstance(v, tuple) or not v or not isinstance(v[0], str):
+        raise ValueError(f"malformed value {str(v)[:80]!r}")
+    tag, rest = v[0], v[1:]
+    if tag == "n":
+        return None
+    if tag in ("b", "i", "s", "y") and len(rest) == 1:
+        want = {"b": bool, "i": int, "s": str, "y": bytes}[tag]
+        if type(rest[0]) is not want:
+            raise ValueError(f"malformed {tag!r} value")
+        return rest[0]
+    if tag == "f" and len(rest) == 1:
+        return float(rest[0])
+    if tag == "c" and len(rest) == 2:
+        return complex(float(rest[0]), float(rest[1]))
+    if tag == "d" and len(rest) == 1:
+        return {decode(a, depth + 1): decode(b, depth + 1) for a, b in rest[0]}
+    if tag in ("l", "t", "S", "F") and len(rest) == 1:
+        items = [decode(x, depth + 1) for x in rest[0]]
+        return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _evaluate(shape: object, leaves: dict[int, object]) -> object:
+    kind = shape[0]
+    if kind == "leaf":
+        if shape[1] not in leaves:
+            raise _Missing
+        return leaves[shape[1]]
+    if kind == "not":
+        return not _evaluate(shape[1], leaves)
+    if kind in ("and", "or"):
+        value: object = None
+        for part in shape[1]:
+            value = _evaluate(part, leaves)
+            if bool(value) != (kind == "and"):
+                return value
+        return value
+    _, ops, operands = shape
+    left = _evaluate(operands[0], leaves)
+    for op, operand in zip(ops, operands[1:]):
+        right = _evaluate(operand, leaves)
+        if not _EVAL_OPS[op](left, right):
+            return False
+        left = right
+    return True
+
+
+def judge_check(shape: object, leaves: Iterable[tuple[int, object]]) -> bool:
+    """True when the assert of structure ``shape`` holds on the reported (serialized) leaf values."""
+    try:
+        return bool(_evaluate(shape, {int(j): decode(v) for j, v in leaves}))
+    except Exception:  # noqa: BLE001 - malformed, missing or incomparable values: the assert does not hold
+        return False

@@ -349,3 +349,32 @@ def test_bundled_tasks_pay_references_and_not_always_equal_objects():
         assert env.score(prompt, prompt.reference).reward == 1.0, prompt.prompt_id
         cheat = env.score(prompt, hack.format(fn=prompt.metadata["entry_point"]))
         assert cheat.reward == 0.0, (prompt.prompt_id, cheat.details)
+
+
+LYING_OBJECT = (
+    "class Fake:\n"
+    "    __eq__ = __lt__ = __le__ = __gt__ = __ge__ = lambda s, o: True\n"
+    "    __ne__ = lambda s, o: False\n"
+    "    __sub__ = __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = lambda s, o: Fake()\n"
+    "    __abs__ = __neg__ = lambda s: 0.0\n"
+    "    __bool__ = lambda s: True\n"
+    "    __hash__ = object.__hash__\n"
+    "def area(r):\n    return Fake()\n"
+)
+LYING_TESTS = {
+    "tolerance": "def test_t():\n    assert abs(area(1.0) - 3.14159) < 1e-3\n",
+    "abs-zero": "def test_t():\n    assert abs(area(0.0)) < 1e-12\n",
+    "negation": "def test_t():\n    assert -area(1.0) < -3.0\n",
+    "if-raise": "def test_t():\n    if not area(1.0):\n        raise AssertionError('falsy')\n    if area(1.0) != 3.14159:\n"
+    "        raise AssertionError('wrong')\n",
+    "and-or": "def test_t():\n    ok = area(1.0) and True\n    assert ok == True\n",
+}
+
+
+@pytest.mark.parametrize("layer", ["os+hook", "hook-only"])
+@pytest.mark.parametrize("case", LYING_TESTS)
+def test_objects_whose_methods_lie_decide_nothing(layer, case):
+    honest = "import math\ndef area(r):\n    return round(math.pi * r * r, 5)\n"
+    assert run(layer, honest, LYING_TESTS[case]).passed  # control
+    res = run(layer, LYING_OBJECT, LYING_TESTS[case])
+    assert not res.passed and res.error_type == "TypeError", res.error
