@@ -378,3 +378,25 @@ def test_objects_whose_methods_lie_decide_nothing(layer, case):
     assert run(layer, honest, LYING_TESTS[case]).passed  # control
     res = run(layer, LYING_OBJECT, LYING_TESTS[case])
     assert not res.passed and res.error_type == "TypeError", res.error
+
+
+@pytest.mark.parametrize("layer", ["os+hook", "os-only"])
+def test_host_files_are_not_readable(layer, tmp_path):
+    """Only system folders, the Python installation and ``readable_paths`` exist inside the OS sandbox."""
+    secret = f"secret-{uuid.uuid4().hex}"
+    (tmp_path / "notes.txt").write_text(secret)
+    home = Path.home() / f".cr-sandbox-test-{uuid.uuid4().hex}"
+    home.write_text(secret)
+    try:
+        res = run(
+            layer,
+            attempts(
+                f"print(open({str(tmp_path / 'notes.txt')!r}).read())",
+                f"print(open({str(home)!r}).read())",
+                f"print(os.listdir({str(tmp_path)!r}))",
+            ),
+        )
+    finally:
+        home.unlink()
+    assert secret not in res.stdout and res.stdout.count("stopped:") == 3, res.stdout
+    assert res.passed
