@@ -1,9 +1,9 @@
 """Child side of :mod:`composer_replication.rollout.sandbox` (stdlib only; run as a script, never imported).
 
 Run as ``python -I -S -B _sandbox_child.py`` with the configuration (JSON) on standard input, inside
-bubblewrap when the OS allows (the sandbox's first layer). In order: read the configuration, set
+bubblewrap when the OS allows (the first layer). In order: read the configuration, set
 resource limits (soft = hard, so they cannot be raised again), bind every function the run needs
-(before any candidate code runs), install the audit hook (the second layer), run the solution in
+(before any candidate code runs), install the audit hook (the last layer), run the solution in
 one namespace, then each top-level ``test_*`` function, rewritten by :mod:`._sandbox_facts`, in a
 namespace of its own with pristine builtins. Records, one Python literal per line prefixed by a
 nonce, go to a pipe the parent reads; the parent, not this process, decides which tests passed.
