@@ -73,6 +73,10 @@ class OptimConfig:
     """Shape after warm-up: ``constant``; ``linear`` decay to 0 at ``num_steps``; ``cosine`` decay to 0."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold on the global L2 norm; ``0`` disables clipping (the norm is still reported)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step: the step's batch (built once) is split by whole prompt groups and
+    pairs, and each channel is weighted by its share, so the update equals the whole batch's
+    (``engine.accumulate``). Lowers peak memory; at most ``rollout.prompts_per_step``."""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr!r}")
@@ -86,6 +90,7 @@ class OptimConfig:
         _check(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps!r}")
         _check_choice(self.scheduler, "optim.scheduler", ("constant", "linear", "cosine"))
         _check(self.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0, got {self.max_grad_norm!r}")
+        _check(self.grad_accum_steps >= 1, "optim.grad_accum_steps", f"must be >= 1, got {self.grad_accum_steps!r}")
 
 
 @dataclass(kw_only=True)
@@ -275,6 +280,12 @@ class StudentConfig:
             self.optim.warmup_steps <= self.num_steps,
             "optim.warmup_steps",
             f"must be <= 'num_steps' ({self.num_steps}), got {self.optim.warmup_steps}",
+        )
+        _check(
+            self.optim.grad_accum_steps <= self.rollout.prompts_per_step,
+            "optim.grad_accum_steps",
+            f"must be <= 'rollout.prompts_per_step' ({self.rollout.prompts_per_step}): micro-batches hold whole "
+            f"prompt groups; got {self.optim.grad_accum_steps}",
         )
 
 

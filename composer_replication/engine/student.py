@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from composer_replication.batching import BatchingStats, pad_id, preference_batch, tokenize_pairs
+from composer_replication.engine.accumulate import channel_sizes, split_batch
 from composer_replication.engine.config import StudentConfig, resolve_device, resolve_dtype
 from composer_replication.engine.data import TrainingData, pair_indices_for_step, prompts_for_step
 from composer_replication.engine.evaluate import greedy_texts, reward_stats
@@ -224,13 +225,48 @@ class StudentTrainerCore:
         return batch, info
 
     def _optimize(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-        from composer_replication.loss import compose_loss
 
         L, o = self.config.loss, self.config.optim
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        comps = compose_loss(
+        micro_batches = split_batch(batch, o.grad_accum_steps)
+        if len(micro_batches) == 1:  # the whole batch in one pass
+            comps = self._loss(batch)
+            self._backward(comps.total, comps, step)
+            metrics, distill = loss_metrics(comps, L), comps.sdpo_jsd.detach()
+        else:  # each channel weighted by the micro-batch's share of its denominator (engine.accumulate)
+            sizes = [channel_sizes(m, loss_type=L.loss_type) for m in micro_batches]
+            totals = [sum(s[c] for s in sizes) for c in range(3)]
+            parts, distill = [], torch.zeros(())
+            for micro, size in zip(micro_batches, sizes):
+                comps = self._loss(micro)
+                w = [size[c] / totals[c] if totals[c] else 0.0 for c in range(3)]
+                scaled = w[0] * comps.lm_ce + L.alpha_sdpo * w[1] * comps.sdpo_jsd + L.beta_replay * w[2] * comps.trace_replay_dpo
+                self._backward(scaled, comps, step)
+                distill = distill + w[1] * comps.sdpo_jsd.detach().cpu()
+                parts.append((loss_metrics(comps, L), w, float(scaled.detach())))
+            metrics = combine_loss_metrics(parts)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.taid is not None:
+            metrics["loss/taid/t"] = self.taid.t  # the t this step's loss used
+            if "ctx_teacher_input_ids" in batch:
+                self.taid.update_t(distill, global_step=step)
+        metrics["loss/lr"] = lr
+        metrics["loss/grad_norm"] = float(grad_norm)
+        metrics["perf/tokens"] = float(_count_tokens(batch))
+        return metrics
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> Any:
+        """``compose_loss`` of one (micro-)batch with this trainer's loss config."""
+        from composer_replication.loss import compose_loss
+
+        L = self.config.loss
+        return compose_loss(
             self.model, batch, alpha_sdpo=L.alpha_sdpo, beta_replay=L.beta_replay, sdpo_jsd_beta=L.sdpo_jsd_beta,
             sdpo_temperature=L.sdpo_temperature, sdpo_token_clip=L.sdpo_token_clip, replay_dpo_beta=L.replay_dpo_beta,
             lm_ce_label_smoothing=L.lm_ce_label_smoothing, dpo_variant=L.dpo_variant, sdpo_wrapper=L.sdpo_wrapper,
@@ -239,26 +275,15 @@ class StudentTrainerCore:
             grpo=L.grpo_config(max_completion_length=self.config.rollout.max_new_tokens),
             sdpo_top_k=L.sdpo_top_k, chunk_size=L.chunk_size, dpo_label_smoothing=L.dpo_label_smoothing,
         )
-        if not torch.isfinite(comps.total.detach()):
+
+    @staticmethod
+    def _backward(loss: torch.Tensor, comps: Any, step: int) -> None:
+        """``loss.backward()`` after checking it is finite (the weights are left untouched otherwise)."""
+        if not torch.isfinite(loss.detach()):
             raise FloatingPointError(
-                f"step {step}: the total loss is {float(comps.total)} ({comps.detached()}); lower optim.lr or "
-                "check the batch"
+                f"step {step}: the total loss is {float(loss)} ({comps.detached()}); lower optim.lr or check the batch"
             )
-        comps.total.backward()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
-        self.optimizer.step()
-        self.scheduler.step()
-        metrics = loss_metrics(comps, L)
-        if self.taid is not None:
-            metrics["loss/taid/t"] = self.taid.t  # the t this step's loss used
-            if "ctx_teacher_input_ids" in batch:
-                self.taid.update_t(comps.sdpo_jsd.detach(), global_step=step)
-        metrics["loss/lr"] = lr
-        metrics["loss/grad_norm"] = float(grad_norm)
-        metrics["perf/tokens"] = float(_count_tokens(batch))
-        return metrics
+        loss.backward()
 
     # ------------------------------------------------------------------ evaluation
 
@@ -415,6 +440,23 @@ def loss_metrics(comps: Any, loss: Any) -> dict[str, float]:
         head, _, rest = key.partition("/")
         channel = {"sdpo": distill, "replay": replay, "dpo": replay}.get(head, head)
         out[f"loss/{channel}/{rest}" if rest else f"loss/{key}"] = _to_float(value)
+    return out
+
+
+def combine_loss_metrics(parts: list[tuple[dict[str, float], list[float], float]]) -> dict[str, float]:
+    """Fold the ``loss/*`` metrics of micro-batches: each channel's values weighted by its share (counts summed).
+
+    ``parts``: ``(loss_metrics, [w1, w2, w3], weighted total)`` per micro-batch.
+    """
+    channel = {"grpo": 0, "lm_ce": 0, "jsd": 1, "taid": 1, "entropy_opd": 1, "dpo": 2, "simpo": 2}
+    out: dict[str, float] = {"loss/total": sum(total for _, _, total in parts)}
+    for metrics, w, _ in parts:
+        for key, value in metrics.items():
+            if key == "loss/total":
+                continue
+            name = key.split("/")[1]
+            weight = 1.0 if key.rsplit("/", 1)[-1].startswith("num_") else w[channel.get(name, 0)]
+            out[key] = out.get(key, 0.0) + weight * value
     return out
 
 
