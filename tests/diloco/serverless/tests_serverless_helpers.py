@@ -108,5 +108,5 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def rank_from(var: str) -> str:
+def rank_from(var: str, rank_env: str = "REPLICA_RANK") -> str:
     return os.environ[var]
