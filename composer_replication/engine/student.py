@@ -31,8 +31,10 @@ from composer_replication.batching import BatchingStats, pad_id, preference_batc
 from composer_replication.engine.accumulate import channel_sizes, split_batch
 from composer_replication.engine.config import StudentConfig, resolve_device, resolve_dtype
 from composer_replication.engine.data import TrainingData, pair_indices_for_step, prompts_for_step
-from composer_replication.engine.evaluate import greedy_texts, reward_stats
+from composer_replication.engine.evaluate import greedy_texts, next_action_stats, reward_stats
+from composer_replication.engine.perf import PhaseTimer
 from composer_replication.engine.reference import ReferenceLogprobCache
+from composer_replication.engine.refresh import PairRefresher, tokenize_live
 
 __all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
 
@@ -114,6 +116,9 @@ class StudentTrainerCore:
         self.batching_stats = BatchingStats()
         self.tokenized_pairs = tokenize_pairs(self.tokenizer, data.pairs, max_seq_len=config.max_seq_len,
                                               over_length=config.over_length, stats=self.batching_stats)
+        r = config.rollout  # the student side of recorded pairs is re-sampled every r.pair_refresh_every steps
+        self.pair_refresher = PairRefresher(data.pairs, every=r.pair_refresh_every, seed=config.seed, rank=rank,
+                                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
         self.model.train()
         o = config.optim
         self.optimizer = torch.optim.AdamW(
@@ -136,6 +141,7 @@ class StudentTrainerCore:
                 config.num_steps, t_start=L.taid_t_start, t_end=L.taid_t_end, alpha=L.taid_alpha, beta=L.taid_beta
             )
         self.step = 0
+        self.timer = PhaseTimer()
 
     # ------------------------------------------------------------------ one step
 
@@ -160,10 +166,12 @@ class StudentTrainerCore:
             log.warning("train_step(%d) called after %d completed steps; the LR schedule follows calls", step,
                         self.step)
         t0 = time.perf_counter()
+        self.timer = PhaseTimer()
         batch, info = self._build_batch(step)
         t_sampled = time.perf_counter()
         metrics = self._optimize(batch, step)
         metrics.update(info)
+        metrics.update(self.timer.metrics())
         elapsed = time.perf_counter() - t0
         metrics["perf/sample_time_s"] = t_sampled - t0
         metrics["perf/step_time_s"] = elapsed
@@ -174,6 +182,7 @@ class StudentTrainerCore:
     def _build_batch(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Channels 1+2 from rollouts, channel 3 from pairs; all tensors on ``self.device``."""
         cfg, r = self.config, self.config.rollout
+        self._refresh_pairs(step)
         prompts = prompts_for_step(self.data, step, rank=self.rank, prompts_per_step=r.prompts_per_step,
                                    seed=cfg.seed)
         batch: dict[str, torch.Tensor] = {}
@@ -184,11 +193,13 @@ class StudentTrainerCore:
         drawn = pair_indices_for_step(self.data, step, rank=self.rank, pairs_per_step=r.pairs_per_step, seed=cfg.seed)
         pairs = [self.tokenized_pairs[i] for i in drawn if self.tokenized_pairs[i] is not None]
         info["replay/num_pairs"] = float(len(pairs))
+        info.update(self.pair_refresher.metrics(step))
         info.update(self.batching_stats.as_metrics(prefix="replay/"))
         replay = preference_batch(pairs, pad_id(self.tokenizer), device=self.device)  # tokenized once per run
         if replay:
             if cfg.loss.dpo_variant == "dpo":
-                self.reference_logprobs.fill(replay)  # one reference pass per distinct sequence
+                with self.timer.phase("reference"):
+                    self.reference_logprobs.fill(replay)  # one reference pass per distinct sequence
             batch.update(replay)
             if "input_ids" not in batch:  # pairs only: channel 1 is LM cross-entropy on the chosen side
                 for key in ("input_ids", "attention_mask", "response_mask"):
@@ -200,6 +211,17 @@ class StudentTrainerCore:
             )
         return batch, info
 
+    def _refresh_pairs(self, step: int) -> None:
+        """On refresh steps, re-sample the student side of recorded pairs from the current weights (``engine.refresh``)."""
+        self._set_live_pairs(self.pair_refresher.maybe_refresh(step, self.model, self.tokenizer))
+
+    def _set_live_pairs(self, live: list[Any] | None) -> None:
+        """Tokenize refreshed pairs once (``None``: nothing changed); dropped pairs are never drawn."""
+        if live is not None:
+            self.batching_stats = BatchingStats()
+            self.tokenized_pairs = tokenize_live(self.tokenizer, live, max_seq_len=self.config.max_seq_len,
+                                                 over_length=self.config.over_length, stats=self.batching_stats)
+
     def _rollout_batch(self, prompts: list[Any], *, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         from composer_replication import rollout as R
 
@@ -209,14 +231,18 @@ class StudentTrainerCore:
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=seed,
             chunk_size=cfg.loss.chunk_size,
         )
-        scores = R.score_texts(self.data.environment, prompts, rollouts.prompt_index, rollouts.texts)
-        batch = R.assemble_batch(self.tokenizer, rollouts, scores, prompts=prompts,
-                                 scale_rewards=cfg.loss.scale_rewards, enable_sdpo=cfg.loss.alpha_sdpo > 0)
+        for phase, seconds in rollouts.timings.items():
+            self.timer.add(phase, seconds)
+        with self.timer.phase("score"):
+            scores = R.score_texts(self.data.environment, prompts, rollouts.prompt_index, rollouts.texts)
+        with self.timer.phase("assemble"):  # channel 1 tensors and the hinted-teacher rows of channel 2
+            batch = R.assemble_batch(self.tokenizer, rollouts, scores, prompts=prompts,
+                                     scale_rewards=cfg.loss.scale_rewards, enable_sdpo=cfg.loss.alpha_sdpo > 0)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if cfg.loss.kl_beta > 0:
             from composer_replication.loss import token_logprobs_for
 
-            with torch.no_grad():
+            with torch.no_grad(), self.timer.phase("reference"):
                 ref = token_logprobs_for(self.reference, batch["input_ids"], batch["attention_mask"],
                                          response_mask=batch["response_mask"], chunk_size=cfg.loss.chunk_size)
             batch["ref_logprobs"] = ref.float()  # [B, T], 0 off the response
@@ -232,26 +258,31 @@ class StudentTrainerCore:
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = split_batch(batch, o.grad_accum_steps)
         if len(micro_batches) == 1:  # the whole batch in one pass
-            comps = self._loss(batch)
-            self._backward(comps.total, comps, step)
+            with self.timer.phase("loss_forward"):
+                comps = self._loss(batch)
+            with self.timer.phase("loss_backward"):
+                self._backward(comps.total, comps, step)
             metrics, distill = loss_metrics(comps, L), comps.sdpo_jsd.detach()
         else:  # each channel weighted by the micro-batch's share of its denominator (engine.accumulate)
             sizes = [channel_sizes(m, loss_type=L.loss_type) for m in micro_batches]
             totals = [sum(s[c] for s in sizes) for c in range(3)]
             parts, distill = [], torch.zeros(())
             for micro, size in zip(micro_batches, sizes):
-                comps = self._loss(micro)
+                with self.timer.phase("loss_forward"):
+                    comps = self._loss(micro)
                 w = [size[c] / totals[c] if totals[c] else 0.0 for c in range(3)]
                 scaled = w[0] * comps.lm_ce + L.alpha_sdpo * w[1] * comps.sdpo_jsd + L.beta_replay * w[2] * comps.trace_replay_dpo
-                self._backward(scaled, comps, step)
+                with self.timer.phase("loss_backward"):
+                    self._backward(scaled, comps, step)
                 distill = distill + w[1] * comps.sdpo_jsd.detach().cpu()
                 parts.append((loss_metrics(comps, L), w, float(scaled.detach())))
             metrics = combine_loss_metrics(parts)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
-        self.optimizer.step()
-        self.scheduler.step()
+        with self.timer.phase("optimizer"):
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            max_norm = o.max_grad_norm if o.max_grad_norm > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+            self.optimizer.step()
+            self.scheduler.step()
         if self.taid is not None:
             metrics["loss/taid/t"] = self.taid.t  # the t this step's loss used
             if "ctx_teacher_input_ids" in batch:
@@ -263,25 +294,17 @@ class StudentTrainerCore:
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> Any:
         """``compose_loss`` of one (micro-)batch with this trainer's loss config."""
-        from composer_replication.loss import compose_loss
+        from composer_replication.losses import compose_loss
 
-        L = self.config.loss
-        return compose_loss(
-            self.model, batch, alpha_sdpo=L.alpha_sdpo, beta_replay=L.beta_replay, sdpo_jsd_beta=L.sdpo_jsd_beta,
-            sdpo_temperature=L.sdpo_temperature, sdpo_token_clip=L.sdpo_token_clip, replay_dpo_beta=L.replay_dpo_beta,
-            lm_ce_label_smoothing=L.lm_ce_label_smoothing, dpo_variant=L.dpo_variant, sdpo_wrapper=L.sdpo_wrapper,
-            taid_t=self.taid.t if self.taid is not None else None, simpo_beta=L.simpo_beta, simpo_gamma=L.simpo_gamma,
-            entropy_opd_h_max=L.entropy_opd_h_max,
-            grpo=L.grpo_config(max_completion_length=self.config.rollout.max_new_tokens),
-            sdpo_top_k=L.sdpo_top_k, chunk_size=L.chunk_size, dpo_label_smoothing=L.dpo_label_smoothing,
-        )
+        return compose_loss(self.model, batch, self.config.loss, taid_t=self.taid.t if self.taid is not None else None,
+                            max_completion_length=self.config.rollout.max_new_tokens)
 
     @staticmethod
     def _backward(loss: torch.Tensor, comps: Any, step: int) -> None:
         """``loss.backward()`` after checking it is finite (the weights are left untouched otherwise)."""
         if not torch.isfinite(loss.detach()):
             raise FloatingPointError(
-                f"step {step}: the total loss is {float(loss)} ({comps.detached()}); lower optim.lr or check the batch"
+                f"step {step}: the total loss is {float(loss)} ({comps.metrics()}); lower optim.lr or check the batch"
             )
         loss.backward()
 
@@ -289,36 +312,41 @@ class StudentTrainerCore:
 
     @torch.no_grad()
     def evaluate(self, prompts: list[Any] | None = None, *, greedy: bool = True) -> dict[str, float]:
-        """Mean reward of one answer per prompt (greedy by default) on held-out or fixed prompts.
+        """Score one answer per prompt (greedy by default) on the held-out or a fixed set of prompts.
 
         Args:
-            prompts: defaults to ``data.eval_prompts``, else the first ``rollout.prompts_per_step``
-                training prompts (a fixed set, so evaluations are comparable across steps).
-            greedy: greedy decoding; ``False`` samples one answer at the rollout temperature with a
-                fixed seed.
+            prompts: defaults to ``data.eval_prompts`` (held-out sessions, scored by
+                ``data.eval_environment`` against their recorded actions), else the first
+                ``rollout.prompts_per_step`` training prompts (a fixed set, so evaluations compare across steps).
+            greedy: greedy decoding (batched); ``False`` samples one answer at the rollout temperature with a
+                fixed seed. Answers have at most ``data.eval_max_new_tokens`` (else ``rollout.max_new_tokens``) tokens.
 
         Returns:
-            ``eval/mean``, ``eval/std``, ``eval/error_rate``, ``eval/num_scored`` (rewards of the answers).
+            ``eval/mean``, ``eval/std``, ``eval/error_rate``, ``eval/num_scored`` (rewards of the answers) and,
+            for next-action prompts, ``eval/agreement``, ``eval/agreement_partial``, ``eval/tool_choice_rate``
+            and ``eval/well_formed_call_rate`` (``engine.evaluate.next_action_stats``).
         """
         from composer_replication import rollout as R
 
         if prompts is None:
             prompts = self.data.eval_prompts or self.data.prompts[: self.config.rollout.prompts_per_step]
         if not prompts:
-            return reward_stats([], prefix="eval/")
+            return {**reward_stats([], prefix="eval/"), **next_action_stats([], [], [], prefix="eval/")}
         r = self.config.rollout
+        max_new = self.data.eval_max_new_tokens or r.max_new_tokens
         if greedy:
-            texts = greedy_texts(self.model, self.tokenizer, prompts, max_new_tokens=r.max_new_tokens)
+            texts = greedy_texts(self.model, self.tokenizer, prompts, max_new_tokens=max_new)
             index = list(range(len(prompts)))
         else:
             rollouts = R.sample_rollouts(
-                self.model, self.tokenizer, prompts, num_generations=1, max_new_tokens=r.max_new_tokens,
+                self.model, self.tokenizer, prompts, num_generations=1, max_new_tokens=max_new,
                 temperature=r.temperature, top_p=r.top_p, seed=derive_seed(self.config.seed, 0, self.rank, "eval"),
                 chunk_size=self.config.loss.chunk_size,
             )
             texts, index = rollouts.texts, rollouts.prompt_index
-        scores = R.score_texts(self.data.environment, prompts, index, texts)
-        return reward_stats(scores, prefix="eval/")
+        scores = R.score_texts(self.data.eval_scorer(prompts), prompts, index, texts)
+        answered = [prompts[i] for i in index]
+        return {**reward_stats(scores, prefix="eval/"), **next_action_stats(answered, texts, scores, prefix="eval/")}
 
     # ------------------------------------------------------------------ state
 
@@ -337,6 +365,7 @@ class StudentTrainerCore:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "taid": self.taid.state_dict() if self.taid is not None else None,
+            "pair_refresh": self.pair_refresher.state_dict(),
             "rng": {
                 "torch": torch.get_rng_state(),
                 # only this replica's GPU: get_rng_state_all would open a context on every GPU
@@ -369,6 +398,7 @@ class StudentTrainerCore:
         if rng.get("cuda") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.step = int(state["step"])
+        self._set_live_pairs(self.pair_refresher.load_state_dict(state.get("pair_refresh")))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The model's ``state_dict`` (parameters and buffers) cloned to CPU, for weight sync / DiLoCo.
@@ -419,27 +449,17 @@ class StudentTrainerCore:
 # ---------------------------------------------------------------------------- helpers
 
 
-_DISTILL_NAMES = {"none": "jsd", "taid": "taid", "entropy_opd": "entropy_opd"}
-
-
 def loss_metrics(comps: Any, loss: Any) -> dict[str, float]:
-    """The ``loss/*`` metrics of one ``LossComponents``: every channel under the name of the loss that ran.
-
-    ``loss/total``; ``loss/grpo`` or ``loss/lm_ce`` (channel 1); ``loss/jsd``, ``loss/taid`` or
-    ``loss/entropy_opd`` (channel 2, from ``loss.sdpo_wrapper``); ``loss/dpo`` or ``loss/simpo`` (channel 3,
-    from ``loss.dpo_variant``); and each component's own metrics under ``loss/<channel>/<metric>``.
+    """The ``loss/*`` metrics of one ``LossComponents``: ``comps.metrics()`` (``loss/total``, every channel that
+    ran under the name of its loss, each component's own metrics as ``loss/<channel>/<metric>``), plus 0 under
+    the configured name of a channel 2 or 3 that did not run this step (no error sites, no pairs), so that
+    every step reports the same channels.
     """
-    distill, replay = _DISTILL_NAMES[loss.sdpo_wrapper], loss.dpo_variant
-    out = {
-        "loss/total": _to_float(comps.total),
-        f"loss/{comps.policy_name}": _to_float(comps.lm_ce),
-        f"loss/{distill}": _to_float(comps.sdpo_jsd),
-        f"loss/{replay}": _to_float(comps.trace_replay_dpo),
-    }
-    for key, value in comps.metrics.items():
-        head, _, rest = key.partition("/")
-        channel = {"sdpo": distill, "replay": replay, "dpo": replay}.get(head, head)
-        out[f"loss/{channel}/{rest}" if rest else f"loss/{key}"] = _to_float(value)
+    from composer_replication.losses import DISTILL_COMPONENTS, REPLAY_COMPONENTS
+
+    out = comps.metrics()
+    for name in (DISTILL_COMPONENTS[loss.sdpo_wrapper].name, REPLAY_COMPONENTS[loss.dpo_variant].name):
+        out.setdefault(f"loss/{name}", 0.0)
     return out
 
 

@@ -21,8 +21,9 @@ always ends at column ``prompt_length``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,6 +67,8 @@ class RolloutBatch:
     old_logprobs: torch.Tensor
     prompt_length: int
     num_generations: int
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent in ``generate`` and in the ``old_logprobs`` pass."""
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -108,12 +111,14 @@ def sample_rollouts(
     device = next(model.parameters()).device
     fill = pad_id(tokenizer)
     messages = [p.messages if isinstance(p, Prompt) else p for p in prompts]
+    t0 = time.perf_counter()
     gen = generate_responses(model, tokenizer, messages, max_new_tokens=max_new_tokens, repeat=num_generations,
                              do_sample=True, temperature=temperature, top_p=top_p, seed=seed)
     index = [i for i in range(len(prompts)) for _ in range(num_generations)]
     P, responses = gen.prompt_ids.shape[1], gen.responses
     input_ids, attention_mask, response_mask = _layout(gen.prompt_ids, gen.prompt_mask, responses, fill)
     input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
+    t1 = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
@@ -121,12 +126,13 @@ def sample_rollouts(
             old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
     finally:
         model.train(was_training)
+    timings = {"generate": t1 - t0, "old_logprobs": time.perf_counter() - t1}
     return RolloutBatch(
         prompt_index=index, prompt_ids=[gen.rendered[i] for i in index], response_ids=responses,
         texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=gen.truncated,
         group_ids=torch.tensor([group_offset + i for i in index], dtype=torch.long, device=device),
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
-        old_logprobs=old.detach(), prompt_length=P, num_generations=num_generations,
+        old_logprobs=old.detach(), prompt_length=P, num_generations=num_generations, timings=timings,
     )
 
 
