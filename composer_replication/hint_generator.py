@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
+from composer_replication.types import ERROR_KINDS
+
 __all__ = [
     "HintContext",
     "HintFn",
@@ -44,8 +46,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ERROR_KINDS = ("tool_not_found", "json_decode", "type_error", "runtime_error", "repeated_failure", "other")
-"""The error kinds the ingesters emit."""
 
 _MAX_MESSAGE_CHARS = 300
 _MAX_TOOLS = 25

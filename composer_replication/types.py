@@ -19,7 +19,13 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-__all__ = ["TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair", "ErrorSite"]
+__all__ = ["ERROR_KINDS", "TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair", "ErrorSite"]
+
+ERROR_KINDS: tuple[str, ...] = (
+    "tool_not_found", "json_decode", "type_error", "runtime_error", "repeated_failure", "other",
+)  # fmt: skip
+"""The error kinds of a failed tool call: what the ingesters and environments emit and the hint generator
+knows (one definition; ``hint_generator``, ``rollout`` and ``ingestion.errors`` re-export it)."""
 
 
 class TeacherSpec(TypedDict):

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from composer_replication.types import ErrorSite
+from composer_replication.types import ERROR_KINDS, ErrorSite
 
 __all__ = [
     "ERROR_KINDS",
@@ -33,14 +33,6 @@ __all__ = [
     "offered_tools",
 ]
 
-ERROR_KINDS: tuple[str, ...] = (
-    "tool_not_found",
-    "json_decode",
-    "type_error",
-    "runtime_error",
-    "repeated_failure",
-    "other",
-)
 
 # Plain substrings (matched on the lowercased head of the text) are much faster than one big
 # case-insensitive regex over tool outputs of many kB; regexes only where a pattern needs them.

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from composer_replication.types import ERROR_KINDS
+
 __all__ = ["ERROR_KINDS", "Prompt", "Score", "Environment", "score_texts"]
 
-ERROR_KINDS = ("tool_not_found", "json_decode", "type_error", "runtime_error", "repeated_failure", "other")
-"""Error kinds the hint generator knows (``ingestion.errors.classify_tool_error`` uses the same names)."""
 
 
 @dataclass(kw_only=True)
