@@ -229,6 +229,10 @@ class RolloutConfig:
     """Nucleus sampling threshold in (0, 1]."""
     pairs_per_step: int = 2
     """Trace-replay DPO pairs per step and per rank (0 disables channel 3)."""
+    pair_refresh_every: int = 0
+    """Re-sample the rejected side of ``recorded``-teacher pairs (student samples) from the current student every
+    N steps, dropping pairs the student now agrees with (``engine.refresh``); the rejected sides are then at most
+    N - 1 optimizer steps old. 0 never refreshes (they stay the replay's samples of the initial student)."""
 
     def __post_init__(self) -> None:
         _check_choice(self.environment, "rollout.environment", ("next_action", "python_tasks", "mixed"))
@@ -237,6 +241,8 @@ class RolloutConfig:
         _check(self.temperature > 0, "rollout.temperature", f"must be > 0, got {self.temperature!r}")
         _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p!r}")
         _check(self.pairs_per_step >= 0, "rollout.pairs_per_step", f"must be >= 0, got {self.pairs_per_step!r}")
+        _check(self.pair_refresh_every >= 0, "rollout.pair_refresh_every",
+               f"must be >= 0 (0: never), got {self.pair_refresh_every!r}")
 
 
 @dataclass(kw_only=True)

@@ -7,6 +7,12 @@ per slug; there is no module-level cache). Generation runs in a worker thread (`
 behind a per-model lock, with sampling drawn from a ``torch.Generator`` seeded from
 ``(seed, state_id)``, so the same state gives the same reply on every run and in any order.
 ``temperature <= 0`` decodes greedily. Prompts longer than the model's context keep their last tokens.
+
+The same backend samples a *student's* own actions (:func:`sample_actions`,
+:meth:`LocalTeacher.sample_actions`): the prompt is the state's history in the student's chat format
+(``chat_format.build_prompt_ids``, as rollouts see it, not the teacher instruction), generated in
+batches through the one generate helper (``batching.generate_responses``), exactly as the trainer
+samples rollouts. The ``recorded`` teacher (:mod:`.recorded`) puts these samples on the rejected side.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LOCAL_PREFIX", "DEFAULT_LOCAL_MODEL", "LocalGeneration", "LocalTeacher", "local_model_name"]
+__all__ = ["LOCAL_PREFIX", "DEFAULT_LOCAL_MODEL", "LocalGeneration", "LocalTeacher", "local_model_name",
+           "sample_actions"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,45 @@ def local_model_name(slug: str) -> str:
 def _call_seed(seed: int, state_id: str) -> int:
     digest = hashlib.sha256(f"{seed}\x00{state_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def sample_actions(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[dict[str, Any]]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> list[str]:
+    """One sampled action per prompt (a chat-message history), as the student samples rollouts.
+
+    Prompts go through ``chat_format.build_prompt_ids`` and ``batching.generate_responses`` in batches of
+    ``batch_size`` (left-padded); batch ``k`` samples under a seed derived from ``(seed, k)``, so the result
+    is a function of ``(weights, prompts, seed, batch_size)``. ``temperature <= 0`` decodes greedily. The
+    model's train/eval mode and the caller's RNG are left as they were.
+
+    Returns:
+        The decoded responses (special tokens skipped, stripped), index-aligned with ``prompts``.
+
+    Raises:
+        ValueError: ``max_new_tokens`` or ``batch_size`` below 1.
+    """
+    from composer_replication.batching import generate_responses
+
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens} and {batch_size}")
+    out: list[str] = []
+    for k, start in enumerate(range(0, len(prompts), batch_size)):
+        gen = generate_responses(
+            model, tokenizer, list(prompts[start : start + batch_size]), max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0, temperature=max(temperature, 1e-6), top_p=top_p,
+            seed=_call_seed(seed, f"batch:{k}"),
+        )
+        out += [tokenizer.decode(r, skip_special_tokens=True).strip() for r in gen.responses]
+    return out
 
 
 @dataclass
@@ -98,6 +145,12 @@ class LocalTeacher:
         with self._lock:
             self._ensure_loaded()
             return self._generate(messages, state_id, max_new_tokens, temperature, seed)
+
+    def sample_actions(self, prompts: Sequence[Sequence[dict[str, Any]]], **kwargs: Any) -> list[str]:
+        """:func:`sample_actions` with this model (blocking; thread-safe; loads the model on first use)."""
+        with self._lock:
+            self._ensure_loaded()
+            return sample_actions(self._model, self._tokenizer, prompts, **kwargs)
 
     def _generate(
         self,
