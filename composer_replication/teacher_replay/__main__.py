@@ -21,19 +21,34 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
+import os
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from composer_replication.atomic import atomic_write_text
 from composer_replication.teacher_replay.keys import MissingAPIKeyError
+from composer_replication.teacher_replay.ledger import LedgerLockedError
 from composer_replication.teacher_replay.local import LOCAL_PREFIX
 from composer_replication.teacher_replay.pairs import extract_dpo_pairs, save_pairs
 from composer_replication.teacher_replay.replay import ReplayProgress, replay_trace_sync
 from composer_replication.teacher_replay.specs import DEFAULT_TEACHERS, error_kind
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
 
-__all__ = ["main", "build_parser", "load_states", "resolve_teachers"]
+__all__ = ["main", "build_parser", "check_distinct_files", "load_states", "resolve_teachers"]
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite float (``nan`` and ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number; got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--teachers", default=default_slugs, help=f"comma-separated slugs (default {default_slugs})"
     )
     ap.add_argument(
-        "--budget", type=float, required=True, help="hard spending cap in USD (ledger spend counts)"
+        "--budget", type=_finite, required=True, help="hard spending cap in USD (ledger spend counts)"
     )
     ap.add_argument("--ledger", type=Path, required=True, help="JSONL ledger to resume from and append to")
     ap.add_argument("--out", type=Path, required=True, help="where to write the pairs (JSONL)")
@@ -68,18 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for every non-local teacher")
     ap.add_argument("--max-tokens", type=int, default=1024, help="completion cap per call (default 1024)")
     ap.add_argument(
-        "--price-in", type=float, default=None, help="USD per million input tokens for unknown slugs"
+        "--price-in", type=_finite, default=None, help="USD per million input tokens for unknown slugs"
     )
     ap.add_argument(
-        "--price-out", type=float, default=None, help="USD per million output tokens for unknown slugs"
+        "--price-out", type=_finite, default=None, help="USD per million output tokens for unknown slugs"
     )
     ap.add_argument(
-        "--temperature", type=float, default=None, help="sampling temperature sent to every teacher"
+        "--temperature", type=_finite, default=None, help="sampling temperature sent to every teacher"
     )
     ap.add_argument("--seed", type=int, default=None, help="sampling seed sent to every teacher")
     ap.add_argument("--max-concurrency", type=int, default=32, help="calls in flight over all teachers")
     ap.add_argument("--per-teacher-concurrency", type=int, default=8, help="calls in flight per teacher")
-    ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
+    ap.add_argument(
+        "--timeout",
+        type=_finite,
+        default=120.0,
+        help="total deadline of one request in seconds (default 120)",
+    )
     ap.add_argument("--max-retries", type=int, default=5, help="retries of transient failures per call")
     ap.add_argument("--dotenv", type=Path, default=None, help="dotenv file holding OPENROUTER_API_KEY=...")
     ap.add_argument("--results", type=Path, default=None, help="also write every call's result here (JSONL)")
@@ -175,6 +195,29 @@ class _Display:
         )
 
 
+def check_distinct_files(named: dict[str, Path | None]) -> None:
+    """Raise ``ValueError`` when two of the named paths (input, --ledger, --out, --results) are one file.
+
+    Writing the pairs over the ledger would forget what was paid (every re-run pays again); writing
+    over the input would destroy it. Paths are compared after resolving links, and by inode when
+    both exist (hard links).
+    """
+    seen: list[tuple[str, Path]] = []
+    for flag, path in named.items():
+        if path is None:
+            continue
+        for other_flag, other in seen:
+            same = os.path.realpath(path) == os.path.realpath(other)
+            if not same and path.exists() and other.exists():
+                same = os.path.samefile(path, other)
+            if same:
+                raise ValueError(
+                    f"{flag} and {other_flag} are the same file ({path}); the input, --ledger, --out and "
+                    "--results must be four different files (the ledger holds what was paid)."
+                )
+        seen.append((flag, path))
+
+
 def _summary(results: list[TeacherCallResult], n_pairs: int, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -235,6 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --agreement must be >= 1; got {args.agreement}.", file=sys.stderr)
         return 2
     try:
+        check_distinct_files(
+            {
+                "the states file": args.states,
+                "--ledger": args.ledger,
+                "--out": args.out,
+                "--results": args.results,
+            }
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         normalizer = _make_normalizer(args.normalize)
     except (ImportError, RuntimeError, FileNotFoundError, ValueError) as exc:
         print(f"error: --normalize: {exc}", file=sys.stderr)
@@ -262,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 progress=display,
             )
-    except (ValueError, MissingAPIKeyError, FileNotFoundError) as exc:
+    except (ValueError, MissingAPIKeyError, FileNotFoundError, LedgerLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     pairs: list[dict[str, Any]] = [dict(p) for p in extract_dpo_pairs(states, results, args.agreement)]
@@ -270,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = [dataclasses.asdict(n) for n in normalizer.normalize(pairs)]
     save_pairs(pairs, args.out)  # type: ignore[arg-type]
     if args.results is not None:
-        save_pairs(results, args.results)  # type: ignore[arg-type]
+        atomic_write_text(args.results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
     _summary(results, len(pairs), args.out)
     return 0 if any(r["error"] is None for r in results) or not results else 1
 

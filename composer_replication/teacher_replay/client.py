@@ -1,20 +1,27 @@
-"""One chat-completions call against an OpenAI-compatible endpoint, with retries and error meanings.
+"""One chat-completions attempt against an OpenAI-compatible endpoint, and the one retry policy.
 
-``ChatCompletionsClient.complete`` posts one request body on a shared ``httpx.AsyncClient`` and turns
-whatever comes back into a :class:`CallOutcome`:
+``ChatCompletionsClient.attempt`` posts one request body on the shared stock ``httpx.AsyncClient``
+(never resent by the transport) and turns whatever comes back into an :class:`AttemptOutcome`:
 
-- 200 with ``choices[0].message``: success (action text via :func:`prompting.reply_to_action`).
-- Retried with exponential backoff and full jitter (``backoff_base_s * 2**attempt``, capped at
-  ``max_backoff_s``), honouring a ``Retry-After`` header in seconds (or an HTTP date): timeouts,
-  connection errors, HTTP 408/429/500/502/503/504 (and other 5xx), a 402 that carries ``Retry-After``,
-  and errors inside a 200 body whose code is one of those.
-- Stop the teacher (``CallOutcome.stop`` set; the replay skips its later calls): HTTP 400 (bad
-  request), 401 (bad or missing API key), 402 (insufficient credits), 403 (moderation or guardrail
-  block), 404 (model or endpoint not found), also when they arrive as codes inside a 200 body.
+- 200 with ``choices[0].message``: success (action text via :func:`prompting.reply_to_action`), with
+  its ``usage`` validated (:func:`budget.parse_usage`; a bad one is a final error for this call).
+- ``reached``: whether the server may have received the request. Only a connection that was never
+  made (``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``, or a deadline that expired before
+  the request headers were written) is ``False``; such an attempt costs nothing.
+- ``refused``: the server answered with a 4xx status (it refused the request; providers bill nothing).
+- Transient (``retryable``): timeouts, connection errors, HTTP 408/429/500/502/503/504 (and other
+  5xx), a 402 that carries ``Retry-After``, and errors inside a 200 body whose code is one of those.
+- ``stop`` (the replay skips the teacher's later calls): HTTP 400 (bad request), 401 (bad or missing
+  API key), 402 (insufficient credits), 403 (moderation or guardrail block), 404 (model or endpoint
+  not found), also when they arrive as codes inside a 200 body.
 - Any other failure (other 4xx, a malformed body, ``finish_reason: "error"`` without a transient
-  code) is a final error for this call only.
+  code, a reply over ``max_response_bytes``) is a final error for this call only.
 
-Every error text is scrubbed of the API key before it is stored or logged.
+Each attempt has ONE total deadline (``timeout_s``, from sending to the last body byte), so a server
+that trickles bytes cannot hold a call forever, and its body is read up to ``max_response_bytes``
+after decompression (a gzip bomb is cut off, not inflated). :class:`RetryPolicy` is the one place
+that decides whether and when a failed attempt is tried again. Every text is scrubbed of the API key
+before it is cut to length, stored or logged.
 """
 
 from __future__ import annotations
@@ -25,15 +32,25 @@ import json
 import logging
 import random
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from composer_replication.teacher_replay.keys import SecretKey, scrub
+from composer_replication.teacher_replay.budget import BadUsageError, Usage, parse_usage
+from composer_replication.teacher_replay.keys import SecretKey, scrub, scrub_clip
 from composer_replication.teacher_replay.prompting import reply_to_action
 
-__all__ = ["STATUS_MEANINGS", "RETRYABLE_STATUSES", "STOP_STATUSES", "CallOutcome", "ChatCompletionsClient"]
+__all__ = [
+    "STATUS_MEANINGS",
+    "RETRYABLE_STATUSES",
+    "STOP_STATUSES",
+    "AttemptOutcome",
+    "ChatCompletionsClient",
+    "RetryPolicy",
+    "parse_retry_after",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +69,8 @@ STATUS_MEANINGS = {
 }
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 STOP_STATUSES = frozenset({400, 401, 402, 403, 404})
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+_CLIP = 500
 
 
 def _meaning(status: int) -> str:
@@ -59,34 +78,34 @@ def _meaning(status: int) -> str:
 
 
 @dataclass
-class CallOutcome:
-    """What one (possibly retried) call produced.
+class AttemptOutcome:
+    """What one attempt (one request) produced.
 
     Attributes:
         text: the action text (``None`` on error).
-        usage: the reply's ``usage`` object (``None`` when absent or on error).
-        error: the final error text (scrubbed), ``None`` on success.
-        stop: set to e.g. ``"HTTP 402 (insufficient credits)"`` when the teacher must not be called again.
-        attempts: requests sent.
+        usage: the reply's validated ``usage`` (``None`` when absent or on error).
+        error: the error text (scrubbed), ``None`` on success.
+        stop: e.g. ``"HTTP 402 (insufficient credits)"`` when the teacher must not be called again.
+        retryable: a transient failure another attempt may fix.
+        retry_after: seconds the server asked to wait (``Retry-After``), if any.
+        reached: the server may have received the request (it may bill it).
+        refused: the server answered with a 4xx status (nothing billed).
     """
 
     text: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: Usage | None = None
     error: str | None = None
     stop: str | None = None
-    attempts: int = 0
+    retryable: bool = False
+    retry_after: float | None = None
+    reached: bool = True
+    refused: bool = False
 
 
-class _Transient(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+class _Failed(Exception):
+    def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Final(Exception):
-    def __init__(self, message: str, stop: str | None = None) -> None:
-        super().__init__(message)
-        self.stop = stop
+        self.fields = fields
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -95,9 +114,11 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:
+        return max(0.0, seconds) if seconds == seconds and seconds != float("inf") else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -105,17 +126,53 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+@dataclass(kw_only=True)
+class RetryPolicy:
+    """When a failed attempt is tried again: the only retry logic of the replay.
+
+    A transient failure is retried up to ``max_retries`` times after the first attempt, after
+    ``backoff_base_s * 2**attempt`` seconds (capped at ``max_backoff_s``, full jitter), or exactly the
+    server's ``Retry-After``. Every retry that may reach the server is a new, separately paid attempt
+    (the replay reserves and records it before it is sent); only attempts that never reached the
+    server are free.
+    """
+
+    max_retries: int = 5
+    """Retries after the first attempt of a call."""
+    backoff_base_s: float = 0.5
+    """First backoff; doubles per retry."""
+    max_backoff_s: float = 30.0
+    """Backoff cap (``Retry-After`` is honoured up to ``max_retry_after_s``)."""
+    max_retry_after_s: float = 300.0
+    """A longer ``Retry-After`` makes the call fail instead of waiting."""
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random()
+
+    def next_delay(self, attempt: int, outcome: AttemptOutcome) -> tuple[float | None, str | None]:
+        """``(seconds to wait, None)`` to retry after attempt number ``attempt`` (0-based), or
+        ``(None, final error text)`` when the call ends with this outcome's error."""
+        if not outcome.retryable:
+            return None, outcome.error
+        if outcome.retry_after is not None and outcome.retry_after > self.max_retry_after_s:
+            return None, (
+                f"{outcome.error}; Retry-After {outcome.retry_after:.0f}s exceeds {self.max_retry_after_s:.0f}s"
+            )
+        if attempt >= self.max_retries:
+            return None, f"{outcome.error}; gave up after {attempt + 1} attempts"
+        if outcome.retry_after is not None:
+            return outcome.retry_after, None
+        return self._rng.uniform(0.0, min(self.max_backoff_s, self.backoff_base_s * (2**attempt))), None
+
+
 class ChatCompletionsClient:
-    """Posts chat-completions requests with retries; one instance per replay.
+    """Posts single chat-completions attempts on the shared client; one instance per replay.
 
     Args:
         http: the shared ``httpx.AsyncClient`` (owned by the caller).
         api_key: sent as ``Authorization: Bearer`` when not ``None``.
-        timeout_s: per-request timeout.
-        max_retries: retries after the first attempt for transient failures.
-        backoff_base_s: first backoff; doubles per retry (full jitter).
-        max_backoff_s: backoff cap (``Retry-After`` is honoured up to ``max_retry_after_s``).
-        max_retry_after_s: a longer ``Retry-After`` makes the call fail instead of waiting.
+        timeout_s: the total deadline of one attempt, from sending to the last byte of the reply.
+        max_response_bytes: the largest reply body accepted, counted after decompression.
     """
 
     def __init__(
@@ -124,133 +181,212 @@ class ChatCompletionsClient:
         *,
         api_key: SecretKey | None,
         timeout_s: float = 120.0,
-        max_retries: int = 5,
-        backoff_base_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        max_retry_after_s: float = 300.0,
+        max_response_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self._http = http
         self._key = api_key
         self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.max_backoff_s = max_backoff_s
-        self.max_retry_after_s = max_retry_after_s
-        self._rng = random.Random()
-        self._urls: dict[str, httpx.URL] = {}  # parsed once per endpoint: httpx re-parses a str per request
-
-    def _parsed_url(self, url: str) -> httpx.URL:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
-        return parsed
+        self.max_response_bytes = max_response_bytes
+        self._urls: dict[str, httpx.URL] = {}  # parsed once per endpoint
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))  # inside the total deadline
 
     def __repr__(self) -> str:
         return f"ChatCompletionsClient(api_key={self._key!r}, timeout_s={self.timeout_s})"
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "X-Title": "composer-replication"}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": "gzip, deflate",  # what _BoundedBody decodes
+            "X-Title": "composer-replication",
+        }
         if self._key is not None:
             headers["Authorization"] = "Bearer " + self._key.reveal()
         return headers
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return retry_after
-        return self._rng.uniform(0.0, min(self.max_backoff_s, self.backoff_base_s * (2**attempt)))
+    def _clip(self, text: str, limit: int = _CLIP) -> str:
+        return scrub_clip(text, self._key, limit)
 
-    async def complete(self, url: str, body: dict[str, Any]) -> CallOutcome:
-        """Send ``body`` to ``url`` until success, a final error, or retries run out."""
-        outcome = CallOutcome()
-        target = self._parsed_url(url)
-        for attempt in range(self.max_retries + 1):
-            outcome.attempts = attempt + 1
-            try:
-                outcome.text, outcome.usage = await self._attempt(target, body)
-                return outcome
-            except _Final as exc:
-                outcome.error, outcome.stop = scrub(str(exc), self._key), exc.stop
-                return outcome
-            except _Transient as exc:
-                message = scrub(str(exc), self._key)
-                if exc.retry_after is not None and exc.retry_after > self.max_retry_after_s:
-                    outcome.error = (
-                        f"{message}; Retry-After {exc.retry_after:.0f}s exceeds {self.max_retry_after_s:.0f}s"
-                    )
-                    return outcome
-                if attempt == self.max_retries:
-                    outcome.error = f"{message}; gave up after {attempt + 1} attempts"
-                    return outcome
-                delay = self._delay(attempt, exc.retry_after)
-                log.debug("transient failure (%s); retry %d in %.2fs", message, attempt + 1, delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def attempt(self, url: str, body: dict[str, Any]) -> AttemptOutcome:
+        """Send ``body`` to ``url`` once; never raises for what the network or the server did."""
+        target = self._urls.get(url) or self._urls.setdefault(url, httpx.URL(url))
+        sent = {"headers": False, "traced": False}
 
-    async def _attempt(self, url: httpx.URL, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        async def trace(name: str, info: dict[str, Any]) -> None:  # httpcore's progress events
+            sent["traced"] = True
+            if name.endswith("send_request_headers.started"):
+                sent["headers"] = True
+
         try:
-            resp = await self._http.post(url, json=body, headers=self._headers(), timeout=self.timeout_s)
+            status, headers, raw = await asyncio.wait_for(self._post(target, body, trace), self.timeout_s)
+        except _Failed as exc:
+            return AttemptOutcome(error=str(exc), **exc.fields)
+        except asyncio.TimeoutError:
+            reached = sent["headers"] or not sent["traced"]  # a transport without traces: assume sent
+            return AttemptOutcome(
+                error=f"timeout: no complete reply within {self.timeout_s:g}s (total deadline)",
+                retryable=True,
+                reached=reached,
+            )
         except httpx.TimeoutException as exc:
-            raise _Transient(f"timeout: no reply within {self.timeout_s:g}s ({type(exc).__name__})") from None
+            return AttemptOutcome(
+                error=f"timeout: {type(exc).__name__} within {self.timeout_s:g}s",
+                retryable=True,
+                reached=not isinstance(exc, _NEVER_SENT),
+            )
         except httpx.TransportError as exc:
-            raise _Transient(f"connection error: {type(exc).__name__}: {exc}") from None
+            never = isinstance(exc, _NEVER_SENT)
+            return AttemptOutcome(
+                error=self._clip(f"connection error: {type(exc).__name__}: {exc}"),
+                retryable=not isinstance(exc, httpx.UnsupportedProtocol),
+                reached=not never,
+            )
         except httpx.RequestError as exc:  # decoding errors, redirect loops: not worth retrying
-            raise _Final(f"request error: {type(exc).__name__}: {exc}") from None
-        status = resp.status_code
-        if status != 200:
-            self._raise_for_status(status, resp)
+            return AttemptOutcome(error=self._clip(f"request error: {type(exc).__name__}: {exc}"))
         try:
-            data = resp.json()
-        except (ValueError, UnicodeDecodeError):
-            raise _Final(f"malformed response: HTTP 200 body is not JSON: {resp.text[:200]!r}") from None
-        return self._parse_ok(data)
+            if status != 200:
+                self._raise_for_status(status, headers, raw)
+            return self._parse_ok(raw)
+        except _Failed as exc:
+            return AttemptOutcome(error=str(exc), **exc.fields)
 
-    def _raise_for_status(self, status: int, resp: httpx.Response) -> None:
-        detail = _error_message(resp)
+    async def _post(
+        self, url: httpx.URL, body: dict[str, Any], trace: Any
+    ) -> tuple[int, httpx.Headers, bytes]:
+        request = self._http.build_request(
+            "POST",
+            url,
+            json=body,
+            headers=self._headers(),
+            timeout=self._timeout,
+            extensions={"trace": trace},
+        )
+        response = await self._http.send(request, stream=True)
+        try:
+            reader = _BoundedBody(response, self.max_response_bytes)
+            if response.is_stream_consumed:  # handed over already read (e.g. by httpx.MockTransport)
+                reader.feed(response.content)
+            else:
+                async for chunk in response.aiter_raw():  # as sent: decoded here, within the cap
+                    reader.feed(chunk)
+            return response.status_code, response.headers, reader.finish()
+        finally:
+            await response.aclose()
+
+    def _raise_for_status(self, status: int, headers: httpx.Headers, raw: bytes) -> None:
+        detail = self._clip(_error_message(raw))
         text = f"HTTP {status} ({_meaning(status)}): {detail}"
-        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        retry_after = parse_retry_after(headers.get("Retry-After"))
+        refused = 400 <= status < 500
         if status in RETRYABLE_STATUSES or status >= 500 or (status == 402 and retry_after is not None):
-            raise _Transient(text, retry_after)
-        raise _Final(text, stop=f"HTTP {status} ({_meaning(status)})" if status in STOP_STATUSES else None)
+            raise _Failed(text, retryable=True, retry_after=retry_after, refused=refused)
+        stop = f"HTTP {status} ({_meaning(status)})" if status in STOP_STATUSES else None
+        raise _Failed(text, stop=stop, refused=refused)
 
-    def _parse_ok(self, data: Any) -> tuple[str, dict[str, Any] | None]:
+    def _parse_ok(self, raw: bytes) -> AttemptOutcome:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            text = raw.decode("utf-8", errors="replace")
+            raise _Failed(
+                self._clip(f"malformed response: HTTP 200 body is not JSON: {text!r}", 300)
+            ) from None
         if not isinstance(data, dict):
-            raise _Final(f"malformed response: expected a JSON object, got {type(data).__name__}")
+            raise _Failed(f"malformed response: expected a JSON object, got {type(data).__name__}")
         if data.get("error"):
-            _raise_body_error(data["error"], "in a 200 reply")
+            self._raise_body_error(data["error"], "in a 200 reply")
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise _Final("malformed response: no choices[0] in the reply")
+            raise _Failed("malformed response: no choices[0] in the reply")
         choice = choices[0]
         if choice.get("error") or choice.get("finish_reason") == "error":
-            _raise_body_error(choice.get("error") or {}, "(finish_reason 'error')")
+            self._raise_body_error(choice.get("error") or {}, "(finish_reason 'error')")
         message = choice.get("message")
         if not isinstance(message, dict):
-            raise _Final("malformed response: choices[0].message is missing")
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-        return reply_to_action(message), usage
+            raise _Failed("malformed response: choices[0].message is missing")
+        usage = None
+        if data.get("usage") is not None:
+            try:
+                usage = parse_usage(data["usage"])
+            except BadUsageError as exc:  # never reaches the sums: the attempt is paid at its reservation
+                raise _Failed(self._clip(f"bad usage: {exc}")) from None
+        try:
+            text = reply_to_action(message)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise _Failed(self._clip(f"malformed response: choices[0].message: {exc}")) from None
+        return AttemptOutcome(text=scrub(text, self._key), usage=usage)
+
+    def _raise_body_error(self, err: Any, where: str) -> None:
+        code = err.get("code") if isinstance(err, dict) else None
+        message = err.get("message") if isinstance(err, dict) else err
+        try:
+            status = int(code) if code is not None else None
+        except (TypeError, ValueError, OverflowError):
+            status = None
+        label = f"provider error {status} ({_meaning(status)})" if status else "provider error"
+        shown = json.dumps(message, ensure_ascii=False) if message else "(no message)"
+        text = self._clip(f"{label} {where}: {shown}")
+        if status is not None and (status in RETRYABLE_STATUSES or status >= 500):
+            raise _Failed(text, retryable=True)
+        raise _Failed(text, stop=f"HTTP {status} ({_meaning(status)})" if status in STOP_STATUSES else None)
 
 
-def _error_message(resp: httpx.Response) -> str:
+class _BoundedBody:
+    """A reply body decoded (identity, gzip or deflate) chunk by chunk, never past ``limit`` bytes.
+
+    httpx's own decoders inflate a whole network chunk at once (64 KiB of gzip can become 64 MiB);
+    here every ``decompress`` call is capped, so memory stays within ``limit`` plus one chunk.
+    """
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self.status, self.limit, self.size, self.parts = response.status_code, limit, 0, []
+        encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        if encoding in ("", "identity") or response.is_stream_consumed:
+            self._z = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            self._z = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+        else:
+            raise _Failed(
+                f"malformed response: unsupported Content-Encoding {encoding!r:.40} (HTTP {self.status})"
+            )
+
+    def _add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise _Failed(
+                f"response too large: over {self.limit} bytes after decompression (HTTP {self.status}); refused"
+            )
+        self.parts.append(data)
+
+    def feed(self, data: bytes) -> None:
+        """Decode one raw chunk."""
+        if self._z is None:
+            return self._add(data)
+        try:
+            while data:
+                self._add(self._z.decompress(data, self.limit - self.size + 1))
+                data = self._z.unconsumed_tail
+        except zlib.error as exc:
+            raise _Failed(f"malformed response: bad compressed body ({exc}) (HTTP {self.status})") from None
+
+    def finish(self) -> bytes:
+        """The whole decoded body."""
+        if self._z is not None:
+            try:
+                self._add(self._z.flush())
+            except zlib.error as exc:
+                raise _Failed(f"malformed response: bad compressed body ({exc})") from None
+        return b"".join(self.parts)
+
+
+def _error_message(raw: bytes) -> str:
+    """The ``error.message`` of an error body, else the body as text (uncut: scrubbed before cutting)."""
+    text = raw.decode("utf-8", errors="replace")
     try:
-        err = resp.json().get("error")
+        err = json.loads(text).get("error")
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
+            return str(err["message"])
         if isinstance(err, str):
-            return err[:500]
-    except (ValueError, AttributeError, UnicodeDecodeError):
+            return err
+    except (ValueError, AttributeError):
         pass
-    return resp.text[:200] or "(empty body)"
-
-
-def _raise_body_error(err: Any, where: str) -> None:
-    code = err.get("code") if isinstance(err, dict) else None
-    message = err.get("message") if isinstance(err, dict) else err
-    try:
-        status = int(code) if code is not None else None
-    except (TypeError, ValueError):
-        status = None
-    label = f"provider error {status} ({_meaning(status)})" if status else "provider error"
-    text = f"{label} {where}: {json.dumps(message, ensure_ascii=False)[:500] if message else '(no message)'}"
-    if status is not None and (status in RETRYABLE_STATUSES or status >= 500):
-        raise _Transient(text)
-    raise _Final(text, stop=f"HTTP {status} ({_meaning(status)})" if status in STOP_STATUSES else None)
+    return text or "(empty body)"

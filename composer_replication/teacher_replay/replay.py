@@ -2,13 +2,16 @@
 
 ``replay_trace`` asks every teacher for the next action at every state and returns one
 :class:`TeacherCallResult` per (state, teacher), in (state, teacher) order. Remote calls share ONE
-``httpx.AsyncClient``, on an :class:`~.transport.AsyncioHTTP11Transport` with ``max_concurrency``
-connections (httpx's stock transport when a proxy variable is set; see :meth:`TeacherReplayer`'s
-``http_client``); a global semaphore (``max_concurrency``) and a per-teacher one
+stock ``httpx.AsyncClient`` (``httpx.Limits`` of ``max_concurrency`` connections, ``httpx.Timeout``
+inside each attempt's total deadline); a global semaphore (``max_concurrency``) and a per-teacher one
 (``per_teacher_concurrency``, or the teacher's own ``max_concurrency``) bound the calls in flight.
-The budget (:mod:`.budget`) is reserved before each call; the ledger (:mod:`.ledger`) records each
-finished call so a killed replay resumes without paying twice. ``local:<model>`` teachers generate
-in-process (:mod:`.local`). Failures never raise out of a replay: they are results with ``error`` set.
+
+Every attempt is paid for before it is sent: its worst case is reserved in the budget
+(:mod:`.budget`, priced by the teacher's :class:`~.budget.CostModel`) and written to the ledger
+(:mod:`.ledger`, write-ahead, fsync'ed); when it ends it is settled at what it was billed and
+recorded again. :class:`~.client.RetryPolicy` alone decides retries; each retry is a new paid
+attempt. ``local:<model>`` teachers generate in-process (:mod:`.local`). Failures never raise out of
+a replay: they are results with ``error`` set (a failed ledger write does raise: resumability first).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,16 +26,15 @@ from typing import Any
 
 import httpx
 
-from composer_replication.teacher_replay.budget import Budget, Reservation, usage_cost, worst_case_cost
-from composer_replication.teacher_replay.client import ChatCompletionsClient
+from composer_replication.teacher_replay.budget import Budget, Usage
+from composer_replication.teacher_replay.calls import PaidCalls
+from composer_replication.teacher_replay.client import AttemptOutcome, ChatCompletionsClient, RetryPolicy
 from composer_replication.teacher_replay.keys import SecretKey, resolve_api_key, scrub
 from composer_replication.teacher_replay.ledger import Ledger, request_sha256
 from composer_replication.teacher_replay.local import LOCAL_PREFIX, LocalTeacher, local_model_name
 from composer_replication.teacher_replay.prompting import build_teacher_messages
 from composer_replication.teacher_replay.specs import (
-    BUDGET_SKIP,
     DEFAULT_TEACHERS,
-    OPENROUTER_BASE_URL,
     STOPPED_PREFIX,
     check_number,
     error_kind,
@@ -42,7 +43,6 @@ from composer_replication.teacher_replay.specs import (
     validate_states,
     validate_teachers,
 )
-from composer_replication.teacher_replay.transport import AsyncioHTTP11Transport, proxy_env_set
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
 
 __all__ = ["ReplayProgress", "TeacherReplayer", "replay_trace", "replay_trace_sync"]
@@ -85,15 +85,15 @@ class TeacherReplayer:
         dotenv_path: a dotenv file with ``OPENROUTER_API_KEY=...`` (read only when given).
         max_concurrency: calls in flight over all teachers.
         per_teacher_concurrency: calls in flight per teacher (a teacher's ``max_concurrency`` wins).
-        timeout_s: per-request timeout. max_retries: retries of transient failures per call.
+        timeout_s: total deadline of one attempt (sending to last reply byte).
+        max_retries: retries of transient failures per call (each one a new paid attempt).
         max_tokens: completion cap per call (a teacher's ``max_tokens`` wins); also the budget's worst case.
         temperature / seed: sent when set (a teacher's own values win); local teachers default to 0.7 / 0.
         http_client: an ``httpx.AsyncClient`` (used as is, not closed) or an ``httpx.AsyncBaseTransport``
-            (e.g. ``httpx.MockTransport``) to build the shared client on. Default: a client on an
-            :class:`~.transport.AsyncioHTTP11Transport` (``max_concurrency`` connections); when
-            ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` (any case) is set, a stock
-            ``httpx.AsyncClient`` instead, which honours the proxy (ours does not speak proxies).
-        backoff_base_s / max_backoff_s / max_retry_after_s: retry timing (see :mod:`.client`).
+            (e.g. ``httpx.MockTransport``) to build the shared client on. Default: a stock
+            ``httpx.AsyncClient`` with ``max_concurrency`` connections (it honours proxy variables).
+        backoff_base_s / max_backoff_s / max_retry_after_s: retry timing (:class:`~.client.RetryPolicy`).
+        max_response_bytes: the largest reply body accepted, after decompression (default 8 MiB).
         local_device: device of ``local:`` teachers.
         local_teachers: ``slug -> LocalTeacher`` to reuse (e.g. a model already loaded by another
             replayer); other ``local:`` slugs get a new :class:`LocalTeacher`, loaded on first use.
@@ -120,6 +120,7 @@ class TeacherReplayer:
         backoff_base_s: float = 0.5,
         max_backoff_s: float = 30.0,
         max_retry_after_s: float = 300.0,
+        max_response_bytes: int = 8 * 1024 * 1024,
         local_device: str = "cpu",
         local_teachers: dict[str, LocalTeacher] | None = None,
     ) -> None:
@@ -129,7 +130,12 @@ class TeacherReplayer:
         check_number("max_retries", max_retries, minimum=0)
         check_number("max_tokens", max_tokens)
         check_number("timeout_s", timeout_s, minimum=1e-3, integer=False)
-        for name, value in (("backoff_base_s", backoff_base_s), ("max_backoff_s", max_backoff_s)):
+        check_number("max_response_bytes", max_response_bytes, minimum=1024)
+        for name, value in (
+            ("backoff_base_s", backoff_base_s),
+            ("max_backoff_s", max_backoff_s),
+            ("max_retry_after_s", max_retry_after_s),
+        ):
             check_number(name, value, minimum=0, integer=False)
         if temperature is not None:
             check_number("temperature", temperature, minimum=0, integer=False)
@@ -147,8 +153,9 @@ class TeacherReplayer:
         self.temperature = temperature
         self.seed = seed
         self._http_arg = http_client
-        self._client_kw = dict(
-            timeout_s=float(timeout_s),
+        self.timeout_s = float(timeout_s)
+        self.max_response_bytes = max_response_bytes
+        self.retry = RetryPolicy(
             max_retries=max_retries,
             backoff_base_s=float(backoff_base_s),
             max_backoff_s=float(max_backoff_s),
@@ -185,57 +192,24 @@ class TeacherReplayer:
             body["seed"] = int(seed)
         return body
 
-    def _url(self, teacher: TeacherSpec) -> str:
-        return teacher.get("base_url", OPENROUTER_BASE_URL).rstrip("/") + "/chat/completions"
-
     def _make_http(self) -> tuple[httpx.AsyncClient | None, bool]:
         if not any(not t["slug"].startswith(LOCAL_PREFIX) for t in self.teachers):
             return None, False
         if isinstance(self._http_arg, httpx.AsyncClient):
             return self._http_arg, False
+        timeout = httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0))
         if self._http_arg is not None:
-            return httpx.AsyncClient(transport=self._http_arg), True
-        if proxy_env_set():  # httpx's stock transport routes through the proxy; ours does not speak it
-            limits = httpx.Limits(
-                max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
-            )
-            return httpx.AsyncClient(limits=limits), True
-        return httpx.AsyncClient(transport=AsyncioHTTP11Transport(self.max_concurrency)), True
+            return httpx.AsyncClient(transport=self._http_arg, timeout=timeout), True
+        limits = httpx.Limits(
+            max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
+        )
+        return httpx.AsyncClient(limits=limits, timeout=timeout), True
 
-    # ------------------------------------------------------------------ one call
+    # ------------------------------------------------------------------ one attempt
 
-    async def _call_remote(
-        self,
-        client: ChatCompletionsClient,
-        teacher: TeacherSpec,
-        body: dict[str, Any],
-        state_id: str,
-        reservation: Reservation,
-    ) -> tuple[TeacherCallResult, str | None]:
-        t0 = time.perf_counter()
-        out = await client.complete(self._url(teacher), body)
-        latency = time.perf_counter() - t0
-        if out.error is not None:
-            return make_result(state_id, teacher["slug"], error=out.error, latency_s=latency), out.stop
-        if out.usage is None:  # no usage reported: charge the worst case, tokens unknown
-            log.debug("teacher %s returned no usage; charging the reserved worst case", teacher["slug"])
-            pt, ct, cost = 0, 0, reservation.amount_usd
-        else:
-            pt, ct, cost = usage_cost(teacher, out.usage)
-        return make_result(
-            state_id,
-            teacher["slug"],
-            text=out.text,
-            latency_s=latency,
-            prompt_tokens=pt,
-            completion_tokens=ct,
-            cost_usd=cost,
-        ), None
-
-    async def _call_local(
+    async def _attempt_local(
         self, teacher: TeacherSpec, body: dict[str, Any], state_id: str
-    ) -> tuple[TeacherCallResult, str | None]:
-        t0 = time.perf_counter()
+    ) -> AttemptOutcome:
         try:
             gen = await asyncio.to_thread(
                 self.local_teachers[teacher["slug"]].generate,
@@ -247,19 +221,8 @@ class TeacherReplayer:
             )
         except Exception as exc:  # a broken local model fails every call the same way: stop it
             msg = scrub(f"local teacher error: {type(exc).__name__}: {exc}", self._key)
-            return make_result(state_id, teacher["slug"], error=msg, latency_s=time.perf_counter() - t0), msg
-        pt, ct, cost = usage_cost(
-            teacher, {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens}
-        )
-        return make_result(
-            state_id,
-            teacher["slug"],
-            text=gen.text,
-            latency_s=time.perf_counter() - t0,
-            prompt_tokens=pt,
-            completion_tokens=ct,
-            cost_usd=cost,
-        ), None
+            return AttemptOutcome(error=msg, stop=msg, reached=False)
+        return AttemptOutcome(text=gen.text, usage=Usage(gen.prompt_tokens, gen.completion_tokens, None))
 
     # ------------------------------------------------------------------ a replay
 
@@ -280,18 +243,36 @@ class TeacherReplayer:
             progress: called with a :class:`ReplayProgress` after each call (exceptions are logged).
         """
         states = validate_states(states)
-        budget_cap = max_total_usd
+        Budget(max_total_usd)  # validates the cap before the ledger is opened
         ledger = Ledger(ledger_path) if ledger_path is not None else None
-        http, owned = self._make_http()
+        http, owned = None, False
         try:
-            budget = Budget(budget_cap, already_spent_usd=ledger.spent_usd if ledger else 0.0)
-            client = ChatCompletionsClient(http, api_key=self._key, **self._client_kw) if http else None
+            if ledger is not None and ledger.unsettled_usd > 0:
+                log.warning(
+                    "ledger %s: %.6f USD of attempts were sent but never settled (the replay was killed); "
+                    "they count as spent at their reservations",
+                    ledger.path,
+                    ledger.unsettled_usd,
+                )
+            budget = Budget(max_total_usd, already_spent_usd=ledger.spent_usd if ledger else 0.0)
+            http, owned = self._make_http()
+            client = (
+                ChatCompletionsClient(
+                    http,
+                    api_key=self._key,
+                    timeout_s=self.timeout_s,
+                    max_response_bytes=self.max_response_bytes,
+                )
+                if http
+                else None
+            )
             run = _Run(self, states, budget, ledger, client, progress)
             return await run.go()
         finally:
             if owned and http is not None:
                 await http.aclose()
             if ledger is not None:
+                await ledger.drain()
                 ledger.close()
 
 
@@ -314,13 +295,19 @@ class _Run:
             t["slug"]: asyncio.Semaphore(int(t.get("max_concurrency", rp.per_teacher_concurrency)))
             for t in rp.teachers
         }
+        self.calls = PaidCalls(
+            rp.teachers,
+            budget=budget,
+            ledger=ledger,
+            client=client,
+            retry=rp.retry,
+            local_attempt=rp._attempt_local,
+        )
         self.stopped: dict[str, str] = {}
         self.total = len(states) * len(rp.teachers)
         self.results: list[TeacherCallResult | None] = [None] * self.total
         self.done = 0
         self.errors: Counter = Counter()
-        self._pending: list[tuple[str, TeacherCallResult, asyncio.Future]] = []
-        self._flusher: asyncio.Task | None = None
 
     async def go(self) -> list[TeacherCallResult]:
         n_t = len(self.rp.teachers)
@@ -342,8 +329,6 @@ class _Run:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if self._flusher is not None:  # let a ledger write in progress finish before closing
-                await asyncio.gather(self._flusher, return_exceptions=True)
         return [r for r in self.results if r is not None]
 
     async def one(
@@ -360,52 +345,11 @@ class _Run:
         async with self.teacher_sem[slug], self.global_sem:
             if slug in self.stopped:
                 return self.finish(idx, make_result(sid, slug, error=STOPPED_PREFIX + self.stopped[slug]))
-            reservation = await self.budget.reserve(worst_case_cost(teacher, messages, body["max_tokens"]))
-            if reservation is None:
-                return self.finish(idx, make_result(sid, slug, error=BUDGET_SKIP))
-            cost = 0.0
-            try:
-                if slug.startswith(LOCAL_PREFIX):
-                    result, stop = await self.rp._call_local(teacher, body, sid)
-                else:
-                    assert self.client is not None
-                    result, stop = await self.rp._call_remote(self.client, teacher, body, sid, reservation)
-                cost = result["cost_usd"]
-            finally:
-                await self.budget.settle(reservation, cost)
+            result, stop = await self.calls.call(teacher, body, sid, req_hash, messages)
             if stop is not None and slug not in self.stopped:
                 self.stopped[slug] = stop
                 log.warning("teacher %s stopped: %s; its remaining calls are skipped", slug, stop)
-        if self.ledger is not None:
-            await self.record(req_hash, result)
         self.finish(idx, result)
-
-    async def record(self, req_hash: str, result: TeacherCallResult) -> None:
-        """Return once ``result`` is durably in the ledger (group commit: one fsync per batch)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((req_hash, result, fut))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        await fut
-
-    async def _flush(self) -> None:
-        assert self.ledger is not None
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await asyncio.to_thread(self.ledger.append_many, [(h, r) for h, r, _ in batch])
-            except Exception as exc:  # e.g. disk full: the calls waiting on this batch fail with it
-                for *_, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            except BaseException:  # cancelled: so are the calls waiting on this batch
-                for *_, fut in batch:
-                    fut.cancel()
-                raise
-            for *_, fut in batch:
-                if not fut.done():
-                    fut.set_result(None)
 
     def finish(self, idx: int, result: TeacherCallResult, *, from_ledger: bool = False) -> None:
         self.results[idx] = result

@@ -8,6 +8,7 @@ Result errors (``TeacherCallResult.error``) read like ``"skipped: budget"``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -65,11 +66,14 @@ def error_kind(error: str | None) -> str:
 
 
 def check_number(name: str, value: Any, *, minimum: float = 1, integer: bool = True) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is a number (integer) >= ``minimum``."""
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number (integer) >= ``minimum``.
+
+    NaN and infinities are refused (``nan < minimum`` is False, so a plain comparison lets NaN through).
+    """
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < minimum:
         raise ValueError(
-            f"{name} must be {'an integer' if integer else 'a number'} >= {minimum}; got {value!r}."
+            f"{name} must be {'an integer' if integer else 'a finite number'} >= {minimum}; got {value!r}."
         )
 
 

@@ -73,7 +73,7 @@ def test_cli_in_process_with_progress_and_all_failing(tmp_path, fake_server, mon
     [
         (["--teachers", "x/unknown", "--price-in", "1"], "has no known prices"),  # --price-out missing
         (["--agreement", "0"], "--agreement must be >= 1"),
-        (["--budget", "-1"], "max_total_usd must be a number >= 0"),
+        (["--budget", "-1"], "max_total_usd must be a finite number >= 0"),
     ],
 )
 def test_cli_bad_arguments_exit_2(tmp_path, extra, match, capsys, monkeypatch):

@@ -21,7 +21,9 @@ from composer_replication.teacher_replay import (
     resolve_api_key,
     worst_case_cost,
 )
-from composer_replication.teacher_replay.keys import parse_dotenv, scrub
+from composer_replication.teacher_replay.budget import BadUsageError, CostModel, Usage, parse_usage
+from composer_replication.teacher_replay.keys import InvalidAPIKeyError, parse_dotenv, scrub, scrub_clip
+from composer_replication.teacher_replay.ledger import ledger_spend
 
 # ---------------------------------------------------------------------------- keys
 
@@ -40,6 +42,26 @@ def test_secret_key_never_shows_its_value():
 def test_scrub_removes_the_key():
     assert scrub(f"bad key {SECRET} here", SecretKey(SECRET)) == "bad key [REDACTED] here"
     assert scrub("nothing", None) == "nothing"
+
+
+def test_scrub_removes_every_run_of_8_key_characters_and_runs_before_cutting():
+    key = SecretKey(SECRET)
+    cut = "x" * 10 + SECRET[:-1]  # a key cut at the end of an error body
+    assert scrub(cut, key) == "x" * 10 + "[REDACTED]"
+    middle = f"a{SECRET[5:13]}b{SECRET[20:27]}c"  # 8 characters go; 7 stay
+    assert scrub(middle, key) == f"a[REDACTED]b{SECRET[20:27]}c"
+    assert scrub(SECRET + SECRET, key) == "[REDACTED]"
+    clipped = scrub_clip("y" * 30 + SECRET, key, 40)  # scrubbed first, then cut
+    assert clipped == "y" * 30 + "[REDACTED]" and SECRET[:8] not in clipped
+
+
+@pytest.mark.parametrize(
+    ("value", "what"), [("ab\r\ncd-0123", "line break"), ("abcé0123", "non-ASCII"), ("ab\x00cd", "control")]
+)
+def test_secret_key_refuses_characters_a_header_cannot_hold(value, what):
+    with pytest.raises(InvalidAPIKeyError, match=what) as info:
+        SecretKey(value, source="the environment variable X")
+    assert "API key from the environment variable X" in str(info.value) and value not in str(info.value)
 
 
 def test_key_lookup_order(monkeypatch, tmp_path):
@@ -93,9 +115,60 @@ def test_budget_reserve_settle_and_refusal():
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("bad", [-1, "5", True])
+def test_parse_usage_refuses_values_that_would_corrupt_the_sums():
+    assert parse_usage({"prompt_tokens": 3, "completion_tokens": 4, "cost": 0.5}) == Usage(3, 4, 0.5)
+    assert parse_usage({}) == Usage(0, 0, None)
+    for bad in (
+        {"prompt_tokens": -1},
+        {"completion_tokens": "7"},
+        {"cost": float("inf")},
+        {"cost": True},
+        [1],
+    ):
+        with pytest.raises(BadUsageError):
+            parse_usage(bad)
+
+
+def test_cost_model_calibrates_one_call_at_a_time_and_learns_from_bills():
+    async def go():
+        spec = {"slug": "x/free", "input_per_mtok": 0.0, "output_per_mtok": 0.0}
+        model, msgs = CostModel(spec), [{"role": "user", "content": "x" * 30}]
+        assert model.reservation(msgs, 100) == 0.0 and await model.admit() is True
+        second = asyncio.create_task(model.admit())  # waits: the first call is calibrating
+        await asyncio.sleep(0.01)
+        assert not second.done()
+        assert model.bill(Usage(100, 10, 0.3), 0.0) == 0.3  # billed above its prices (0)
+        await model.release(True)
+        assert await asyncio.wait_for(second, 1) is False and model.calibrated and not model.trusted
+        # bounds: input <= 0.3/100, output <= 0.3/10 per token
+        expected = estimate_prompt_tokens(msgs) * 0.003 + 100 * 0.03
+        assert model.reservation(msgs, 100) == pytest.approx(expected)
+        assert model.bill(Usage(5, 5, None), 1.25) == 1.25  # no usage.cost on a teacher priced too low
+
+        vllm = CostModel(spec)  # a free server: bills nothing, reports no cost
+        await vllm.admit()
+        assert vllm.bill(Usage(100, 10, None), 0.0) == 0.0 and vllm.trusted and vllm.calibrated
+        assert vllm.reservation(msgs, 100) == 0.0
+
+    asyncio.run(go())
+
+
+def test_retry_policy_is_the_one_place_that_decides():
+    from composer_replication.teacher_replay.client import AttemptOutcome, RetryPolicy
+
+    policy = RetryPolicy(max_retries=2, backoff_base_s=0.0, max_retry_after_s=10)
+    transient = AttemptOutcome(error="HTTP 503 (no provider available): x", retryable=True)
+    assert policy.next_delay(0, transient) == (0.0, None)
+    assert policy.next_delay(2, transient)[1].endswith("gave up after 3 attempts")
+    assert policy.next_delay(0, AttemptOutcome(error="bad", retryable=False)) == (None, "bad")
+    late = AttemptOutcome(error="HTTP 429 (rate limited): x", retryable=True, retry_after=60)
+    assert "exceeds 10s" in policy.next_delay(0, late)[1]
+    assert policy.next_delay(0, AttemptOutcome(text="ok")) == (None, None)
+
+
+@pytest.mark.parametrize("bad", [-1, "5", True, float("nan"), float("inf")])
 def test_budget_rejects_bad_caps(bad):
-    with pytest.raises(ValueError, match="max_total_usd must be a number >= 0"):
+    with pytest.raises(ValueError, match="max_total_usd must be a finite number >= 0"):
         Budget(bad)
 
 
@@ -125,23 +198,40 @@ def test_request_hash_covers_the_canonical_fields():
     assert h != request_sha256({**body, "seed": 1})
 
 
+def _paid(led: Ledger, attempt: str, sid: str, reserved: float, cost: float | None, error=None) -> None:
+    """Record one attempt (reserve, then settle unless ``cost`` is None: killed in flight)."""
+    led.write_records([Ledger.reserve_record(attempt, sid, "a/b", "h-" + sid, reserved)])
+    if cost is not None:
+        result = _result(sid, cost, error)
+        led.write_records([Ledger.settle_record(attempt, cost, error=error, result=result)])
+
+
 def test_ledger_resume_and_torn_last_line(tmp_path):
     path = tmp_path / "sub" / "ledger.jsonl"
     with Ledger(path) as led:
-        led.append("h1", _result("s1", 0.25))
-        led.append("h2", _result("s2", 0.0, error="HTTP 500 (server error): x"))
+        _paid(led, "a1", "s1", 0.5, 0.25)
+        _paid(led, "a2", "s2", 0.5, 0.0, error="HTTP 500 (server error): x")
     with open(path, "a") as fh:
-        fh.write('{"v": 1, "state_id": "s3", "tea')  # the process died mid-write
+        fh.write('{"v": 2, "kind": "reserve", "attempt": "a3", "tea')  # the process died mid-write
     led = Ledger(path)
-    assert led.lookup("s1", "a/b", "h1")["response_text"] == "ok"
+    assert led.lookup("s1", "a/b", "h-s1")["response_text"] == "ok"
     assert led.lookup("s1", "a/b", "other-hash") is None
-    assert led.lookup("s2", "a/b", "h2") is None  # errors are not reused: they are retried
-    assert led.spent_usd == pytest.approx(0.25) and len(led) == 2
-    led.append("h3", _result("s3", 0.5))  # appended after the truncated torn line
+    assert led.lookup("s2", "a/b", "h-s2") is None  # errors are not reused: they are retried
+    assert led.spent_usd == pytest.approx(0.25) and len(led) == 4
+    _paid(led, "a3", "s3", 0.5, 0.5)  # appended after the truncated torn line
     led.close()
     lines = path.read_text().splitlines()
-    assert len(lines) == 3 and all(json.loads(line) for line in lines)
+    assert len(lines) == 6 and all(json.loads(line) for line in lines)
     assert Ledger(path).spent_usd == pytest.approx(0.75)
+
+
+def test_ledger_reads_version_1_lines(tmp_path):
+    path = tmp_path / "v1.jsonl"
+    rec = {"v": 1, "state_id": "s1", "teacher_slug": "a/b", "request_sha256": "h", "ok": True}
+    path.write_text(json.dumps({**rec, "result": _result("s1", 0.25)}) + "\n")
+    assert ledger_spend(path) == pytest.approx(0.25)
+    with Ledger(path) as led:
+        assert led.lookup("s1", "a/b", "h")["cost_usd"] == 0.25 and led.spent_usd == pytest.approx(0.25)
 
 
 # ---------------------------------------------------------------------------- prompting
