@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 import yaml
 
 from composer_replication import teacher_replay
-from composer_replication.replaysim.ops import NATIVE_OPS, dedup_hash, op_keep
+from composer_replication.replaysim.degenerate import degeneracy
+from composer_replication.replaysim.ops import NATIVE_OPS, REPLAYSIM_OPS, action_limits, dedup_hash, op_keep
 from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
 from composer_replication.types import PreferencePair, TeacherCallResult
 
@@ -66,6 +67,9 @@ class DroppedPair:
     """The operator that dropped it (``"data_juicer"`` when that backend cannot say)."""
     reason: str
     """A readable reason, e.g. ``"text_length_filter on chosen: len=0 outside [1, 20000]"``."""
+    kind: str = ""
+    """The count key: the broken rule for ``degenerate_action_filter`` (``empty``, ``truncated_call``,
+    ``repetition``, ``text_for_call``), else the operator (``text_length_filter``, ``document_deduplicator``...)."""
 
 
 @dataclass(kw_only=True)
@@ -85,12 +89,29 @@ class NormalizeReport:
     dropped: list[DroppedPair] = field(default_factory=list)
     """One entry per dropped pair."""
 
+    def drop_counts(self, prefix: str = "") -> dict[str, int]:
+        """Dropped pairs per :attr:`DroppedPair.kind` (e.g. ``{"replay/dropped/repetition": 3}`` with
+        ``prefix="replay/dropped/"``), keys sorted."""
+        counts: dict[str, int] = {}
+        for d in self.dropped:
+            key = prefix + (d.kind or d.op)
+            counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items()))
+
 
 def _record(i: int, pair: PreferencePair | Mapping[str, Any]) -> tuple[PreferencePair, dict[str, Any]]:
-    """The pair (read with ``PreferencePair.from_mapping``) and the flat text record the operators read."""
+    """The pair (read with ``PreferencePair.from_mapping``) and the flat text record the operators read.
+
+    ``recorded`` is the state's recorded action: ``metadata["recorded_action"]`` (set by
+    ``extract_dpo_pairs``), else the rejected side unless that is a student sample (then unknown: ``None``).
+    """
     pair = PreferencePair.from_mapping(pair, where=f"pairs[{i}]")
     chosen, rejected = pair.chosen, pair.rejected
-    return pair, {"state_id": pair.state_id, "chosen": chosen, "rejected": rejected, "text": f"{chosen}\n{rejected}"}
+    recorded = pair.metadata.get("recorded_action")
+    if not isinstance(recorded, str):
+        recorded = None if pair.metadata.get("rejected_source") == "student_sample" else rejected
+    return pair, {"state_id": pair.state_id, "chosen": chosen, "rejected": rejected, "text": f"{chosen}\n{rejected}",
+                  "recorded": recorded}
 
 
 def _annotated(pair: PreferencePair, metadata: dict[str, Any]) -> PreferencePair:
@@ -141,8 +162,11 @@ class DJNormalizer:
                     f"recipe {self.recipe_path}: process[{bad[0].index}] ({bad[0].name}) reads text_key "
                     f"{bad[0].text_key!r}; records have 'chosen', 'rejected' and 'text' (chosen + newline + rejected)"
                 )
-        elif importlib.util.find_spec("data_juicer") is None:
-            raise RuntimeError(f"backend='data_juicer' needs data-juicer, which is not installed: {_DJ_HINT}")
+        else:
+            if importlib.util.find_spec("data_juicer") is None:
+                raise RuntimeError(f"backend='data_juicer' needs data-juicer, which is not installed: {_DJ_HINT}")
+            own = [step for step in self.recipe.process if step[0] in REPLAYSIM_OPS]  # run natively first
+            self.ops = resolve_ops(dataclasses.replace(self.recipe, process=own))
 
     def normalize_report(self) -> NormalizeReport | None:
         """The report of the last ``normalize`` call (``None`` before the first)."""
@@ -171,25 +195,36 @@ class DJNormalizer:
                 for i in kept]
 
     # ------------------------------------------------------------------------------------------
-    def _normalize_native(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
+    def _apply_native(self, records: list[dict[str, Any]]) -> tuple[list[int], list[DroppedPair]]:
+        """Run ``self.ops`` natively: the surviving record indices and the drops."""
         alive = list(range(len(records)))
         dropped: list[DroppedPair] = []
         for op in self.ops:
             kept: list[int] = []
             seen: dict[str, int] = {}
+            kind = NATIVE_OPS[op.name].kind
             for i in alive:
-                text = records[i][op.text_key]
-                if NATIVE_OPS[op.name].kind == "deduplicator":
+                text, label = records[i][op.text_key], op.name
+                if kind == "deduplicator":
                     first = seen.setdefault(dedup_hash(text, op.args), i)
                     ok, why = first == i, f"duplicate of pair #{first} ({records[first]['state_id']})"
+                elif kind == "action_filter":
+                    recorded = records[i]["recorded"] if op.args["check_text_for_call"] else None
+                    bad = degeneracy(text, recorded_action=recorded, limits=action_limits(op.args))
+                    ok, why = bad is None, f"{bad.rule}: {bad.detail}" if bad else ""
+                    label = bad.rule if bad else label
                 else:
                     ok, why = op_keep(op.name, text, op.args)
                 if ok:
                     kept.append(i)
                 else:
                     dropped.append(DroppedPair(index=i, state_id=records[i]["state_id"], op=op.name,
-                                               reason=f"{op.name} on {op.text_key}: {why}"))
+                                               reason=f"{op.name} on {op.text_key}: {why}", kind=label))
             alive = kept
+        return alive, dropped
+
+    def _normalize_native(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
+        alive, dropped = self._apply_native(records)
         ran = [{"op": op.name, "text_key": op.text_key, "backend": "native"} for op in self.ops]
         meta = {"backend": "native", "recipe": str(self.recipe_path), "ops": ran}
         self.last_report = NormalizeReport(
@@ -204,12 +239,14 @@ class DJNormalizer:
             from data_juicer.core import DefaultExecutor
         except ImportError as exc:
             raise RuntimeError(f"backend='data_juicer' could not import data-juicer ({exc}): {_DJ_HINT}") from exc
+        alive, pre_dropped = self._apply_native(records)  # replaysim's own operators, natively
+        process = [step for step in self.recipe.raw.get("process", []) if next(iter(step)) not in REPLAYSIM_OPS]
         with tempfile.TemporaryDirectory(prefix="replaysim_dj_") as tmp:
             data, out, cfg_path = Path(tmp) / "pairs.jsonl", Path(tmp) / "out" / "result.jsonl", Path(tmp) / "recipe.yaml"
             with data.open("w", encoding="utf-8") as f:
-                for i, rec in enumerate(records):
-                    f.write(json.dumps({**rec, "_replaysim_index": i}) + "\n")
-            cfg = {"np": 1, **self.recipe.raw, "dataset_path": str(data), "export_path": str(out)}
+                for i in alive:
+                    f.write(json.dumps({**records[i], "_replaysim_index": i}) + "\n")
+            cfg = {"np": 1, **self.recipe.raw, "process": process, "dataset_path": str(data), "export_path": str(out)}
             cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
             DefaultExecutor(init_configs(args=["--config", str(cfg_path)])).run()
             kept_idx = []
@@ -219,12 +256,14 @@ class DJNormalizer:
                         kept_idx.append(int(json.loads(line)["_replaysim_index"]))
         ops = [name for name, _ in self.recipe.process]
         kept_set = set(kept_idx)
-        dropped = [DroppedPair(index=i, state_id=r["state_id"], op="data_juicer",
-                               reason="dropped by data-juicer (this backend does not report the operator)")
-                   for i, r in enumerate(records) if i not in kept_set]
+        dropped = pre_dropped + [
+            DroppedPair(index=i, state_id=records[i]["state_id"], op="data_juicer",
+                        reason="dropped by data-juicer (this backend does not report the operator)")
+            for i in alive if i not in kept_set]
         self.last_report = NormalizeReport(backend="data_juicer", recipe=str(self.recipe_path),
-                                           n_in=len(records), n_out=len(kept_idx), ops=ops, dropped=dropped)
-        ran = [{"op": name, "backend": "data_juicer"} for name in ops]
+                                           n_in=len(records), n_out=len(kept_idx), ops=ops,
+                                           dropped=sorted(dropped, key=lambda d: d.index))
+        ran = [{"op": name, "backend": "native" if name in REPLAYSIM_OPS else "data_juicer"} for name in ops]
         return sorted(kept_set), {"backend": "data_juicer", "recipe": str(self.recipe_path), "ops": ran}
 
 

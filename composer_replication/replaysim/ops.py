@@ -12,6 +12,13 @@ Each operator follows data-juicer 1.x semantics (``data_juicer/ops/filter/*``, `
   (lower-cased, whitespace/digits/ASCII punctuation removed when asked, then stripped); the first
   record with a hash is kept.
 
+One operator is replaysim's own (not data-juicer's; it runs natively under either backend):
+
+- ``degenerate_action_filter(ngram_size=3, max_ngram_repeat_ratio=0.3, min_ngrams=4, min_sentence_words=3,
+  max_unit_repeats=20, check_text_for_call=True)``: drop a pair whose action (``text_key``, default
+  ``chosen``) is degenerate (:mod:`composer_replication.replaysim.degenerate`: empty, a cut-off tool
+  call, repetition, or plain text where the state's recorded action calls a tool).
+
 Differences: ``tokenization=True`` (a sentencepiece model) is refused here; and without the optional
 ``emoji`` package the emoji part of ``SPECIAL_CHARACTERS`` is the single code points of the Unicode
 emoji blocks, which is what data-juicer's per-character test can match anyway.
@@ -28,7 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPECIAL_CHARACTERS", "NATIVE_OPS", "OpDef", "validate_op_args", "op_stat", "op_keep", "dedup_hash"]
+from composer_replication.replaysim.degenerate import DegeneracyLimits
+
+__all__ = [
+    "SPECIAL_CHARACTERS",
+    "NATIVE_OPS",
+    "REPLAYSIM_OPS",
+    "OpDef",
+    "validate_op_args",
+    "op_stat",
+    "op_keep",
+    "dedup_hash",
+    "action_limits",
+]
 
 # ---------------------------------------------------------------------------------------------------
 # Special characters (set as in data-juicer ops/common/special_characters.py, Apache-2.0, itself from
@@ -72,7 +91,8 @@ class OpDef:
     """A native operator: its kind, its arguments ``name -> (types, default)`` and its statistic."""
 
     kind: str
-    """``"filter"`` (keeps a record when its statistic is in range) or ``"deduplicator"``."""
+    """``"filter"`` (keeps a record when its statistic is in range), ``"deduplicator"``, or ``"action_filter"``
+    (replaysim's own: keeps a record whose action is not degenerate; reads the record's recorded action)."""
     params: dict[str, tuple[tuple[type, ...], Any]]
     """Accepted arguments with their types and data-juicer defaults."""
     stat: Callable[[str, dict[str, Any]], float] | None = None
@@ -125,7 +145,25 @@ NATIVE_OPS: dict[str, OpDef] = {
     "document_deduplicator": OpDef(
         kind="deduplicator", params={"lowercase": ((bool,), False), "ignore_non_character": ((bool,), False)},
     ),
+    "degenerate_action_filter": OpDef(
+        kind="action_filter",
+        params={"ngram_size": (_INT, 3), "max_ngram_repeat_ratio": (_NUM, 0.3), "min_ngrams": (_INT, 4),
+                "min_sentence_words": (_INT, 3), "max_unit_repeats": (_INT, 20),
+                "check_text_for_call": ((bool,), True)},
+    ),
 }
+
+REPLAYSIM_OPS = frozenset({"degenerate_action_filter"})
+"""Operators data-juicer does not have: they run natively under the ``data_juicer`` backend too."""
+
+
+def action_limits(args: dict[str, Any]) -> DegeneracyLimits:
+    """The :class:`DegeneracyLimits` of validated ``degenerate_action_filter`` arguments.
+
+    Raises:
+        ValueError: a limit out of range (e.g. ``max_ngram_repeat_ratio >= 1``).
+    """
+    return DegeneracyLimits(**{k: v for k, v in args.items() if k != "check_text_for_call"})
 
 
 def validate_op_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +194,8 @@ def validate_op_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
         lo, hi = op.bounds
         if full[lo] > full[hi]:
             raise ValueError(f"{lo}={full[lo]!r} is greater than {hi}={full[hi]!r}")
+    if name == "degenerate_action_filter":
+        action_limits(full)
     if full.get("tokenization"):
         raise ValueError("tokenization=True needs a sentencepiece model; use backend='data_juicer' for it")
     return full

@@ -2,7 +2,9 @@
 
 Each ingested :class:`~composer_replication.types.TraceState` becomes a prompt (its history); a
 sampled action is scored against the *reference action*: the teachers' consensus (the ``chosen``
-of a :class:`~composer_replication.types.DPOPair` for that ``state_id``) where one exists,
+of a :class:`~composer_replication.types.DPOPair` for that ``state_id``) where one exists and is
+not degenerate (:func:`composer_replication.replaysim.degenerate.degeneracy`, the normalizer's own
+check: empty, a cut-off tool call, repetition, or text where the recorded action calls a tool),
 otherwise the student's recorded action. The reward is a weighted sum of three components in
 [0, 1] (weights :class:`RewardWeights`, default 0.2 / 0.2 / 0.6, so a perfect action scores 1.0):
 
@@ -40,6 +42,7 @@ from typing import Any
 
 from composer_replication.actions import ActionBlock, canonical_action, parse_action
 from composer_replication.chat_format import content_text
+from composer_replication.replaysim.degenerate import degeneracy
 from composer_replication.rollout.environment import Prompt, Score
 
 __all__ = ["RewardWeights", "NextActionEnvironment", "tool_call_agreement", "text_f1"]
@@ -73,7 +76,8 @@ class NextActionEnvironment:
     Args:
         states: the trace states (``TraceState`` dicts).
         pairs: optional DPO pairs; a pair's ``chosen`` becomes the reference for its state (the one
-            with the most agreeing teachers when a state has several).
+            with the most agreeing teachers when a state has several), unless it is degenerate: then the
+            recorded action stays the reference (``metadata["reference_skipped"]`` names the rule).
         weights: the reward weights.
         tool_schemas: optional ``{tool name: JSON schema}`` used for argument type checks.
 
@@ -93,11 +97,9 @@ class NextActionEnvironment:
     ) -> None:
         self.weights = weights or RewardWeights()
         self.tool_schemas = dict(tool_schemas or {})
-        consensus: dict[str, dict[str, Any]] = {}
+        by_state: dict[str, list[Any]] = {}
         for p in pairs or []:
-            best = consensus.get(p["state_id"])
-            if best is None or p.get("n_teachers_agreeing", 0) > best.get("n_teachers_agreeing", 0):
-                consensus[p["state_id"]] = p
+            by_state.setdefault(p["state_id"], []).append(p)
         self._prompts: list[Prompt] = []
         seen: set[str] = set()
         for i, s in enumerate(states):
@@ -107,14 +109,16 @@ class NextActionEnvironment:
             if s["state_id"] in seen:
                 raise ValueError(f"states[{i}]: state_id {s['state_id']!r} repeats; state ids must be unique.")
             seen.add(s["state_id"])
-            pair = consensus.get(s["state_id"])
+            pair, skipped = _consensus(by_state.get(s["state_id"], []), s["student_action"])
             reference = pair["chosen"] if pair else s["student_action"]
+            meta = {"reference_source": "consensus" if pair else "recorded",
+                    "n_teachers_agreeing": pair.get("n_teachers_agreeing", 0) if pair else 0,
+                    "source": s.get("source", "")}
+            if skipped:
+                meta["reference_skipped"] = skipped
             self._prompts.append(Prompt(
                 prompt_id=s["state_id"], messages=list(s["messages"]),
-                tools=_offered_tools(s, reference), reference=reference,
-                metadata={"reference_source": "consensus" if pair else "recorded",
-                          "n_teachers_agreeing": pair.get("n_teachers_agreeing", 0) if pair else 0,
-                          "source": s.get("source", "")},
+                tools=_offered_tools(s, reference), reference=reference, metadata=meta,
             ))
 
     def prompts(self) -> list[Prompt]:
@@ -183,6 +187,21 @@ class NextActionEnvironment:
 
 
 # ---------------------------------------------------------------------------- scoring helpers
+
+
+def _consensus(pairs: list[Any], recorded: str) -> tuple[Any | None, str]:
+    """The state's reference pair (most agreeing teachers, first on ties) among pairs whose ``chosen`` is
+    not degenerate, and the rule that ruled out the best degenerate one (``""`` if none was)."""
+    best, skipped = None, ""
+    for p in pairs:
+        if best is not None and p.get("n_teachers_agreeing", 0) <= best.get("n_teachers_agreeing", 0):
+            continue
+        bad = degeneracy(p["chosen"], recorded_action=recorded)
+        if bad is not None:
+            skipped = skipped or bad.rule
+            continue
+        best = p
+    return best, skipped if best is None else ""
 
 
 def tool_call_agreement(calls: Sequence[ActionBlock], ref_calls: Sequence[ActionBlock]) -> float:

@@ -10,6 +10,13 @@ its ties: when the teachers' favourite is (or ties with) what the student did, n
 pair is made when the winner differs from the student and has ``>= agreement_threshold`` teachers;
 ``chosen`` is the earliest winning teacher's ORIGINAL text, ``rejected`` the student's action, both held
 in the one pair record, :class:`~composer_replication.types.PreferencePair`.
+
+The student's action is the state's recorded one (frontier teachers replaying the student's recorded
+traces), or, when ``student_actions`` is given, the student's own sample at that state (the
+``recorded`` teacher's mode, :mod:`.recorded`). Each pair's ``metadata`` says which teachers agreed
+(``teachers``), where the rejected side came from (``rejected_source``: ``"recorded"`` or
+``"student_sample"``, then ``student_sample`` holds the sampling settings and step), and the state's
+``recorded_action`` (the normalizer's ``text_for_call`` rule reads it).
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ from composer_replication.types import PreferencePair, TeacherCallResult, TraceS
 __all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs", "PairCollector"]
 
 
-def _groups(results: list[tuple[int, TeacherCallResult]]) -> dict[str, list[tuple[int, str]]]:
-    """canonical action -> [(position in teacher_actions, original text)], one entry per teacher."""
+def _groups(results: list[tuple[int, TeacherCallResult]]) -> dict[str, list[tuple[int, str, str]]]:
+    """canonical action -> [(position in teacher_actions, original text, slug)], one entry per teacher."""
     seen: set[str] = set()
     groups: dict[str, list[tuple[int, str]]] = {}
     for pos, r in results:
@@ -40,7 +47,7 @@ def _groups(results: list[tuple[int, TeacherCallResult]]) -> dict[str, list[tupl
         if not canon:
             continue
         seen.add(r["teacher_slug"])
-        groups.setdefault(canon, []).append((pos, text))
+        groups.setdefault(canon, []).append((pos, text, r["teacher_slug"]))
     return groups
 
 
@@ -48,6 +55,9 @@ def extract_dpo_pairs(
     states: Sequence[TraceState],
     teacher_actions: Sequence[TeacherCallResult],
     agreement_threshold: int = 2,
+    *,
+    student_actions: Mapping[str, str] | None = None,
+    student_meta: Mapping[str, Any] | None = None,
 ) -> list[PreferencePair]:
     """One :class:`~composer_replication.types.PreferencePair` per state where >= ``agreement_threshold`` teachers agree against the student.
 
@@ -56,6 +66,11 @@ def extract_dpo_pairs(
         teacher_actions: ``replay_trace`` results; errors and empty replies are ignored, as are
             results for state ids not in ``states``.
         agreement_threshold: teachers that must agree (>= 1).
+        student_actions: ``{state_id: the student's sampled action}`` (``recorded`` teacher mode): the
+            student's side of the vote and the pair's rejected side; states missing here use their
+            recorded action.
+        student_meta: recorded as ``metadata["student_sample"]`` of pairs whose rejected side is a sample
+            (``recorded.StudentSampling.metadata(step)``).
 
     Returns:
         At most one pair per state (the most-agreed action; ties as in the module docstring).
@@ -85,19 +100,27 @@ def extract_dpo_pairs(
         groups = _groups(by_state[s["state_id"]])
         if not groups:
             continue
-        student = canonical_action(s.get("student_action") or "")
+        sampled = student_actions is not None and s["state_id"] in student_actions
+        rejected = student_actions[s["state_id"]] if sampled else s.get("student_action") or ""
+        student = canonical_action(rejected)
         # largest group; ties: the student's own group first, then the earliest first reply
         best = min(groups, key=lambda c: (-len(groups[c]), c != student, groups[c][0][0]))
         members = groups[best]
         if best == student or len(members) < agreement_threshold:
             continue
+        meta: dict[str, Any] = {"teachers": [slug for _, _, slug in members],
+                                "rejected_source": "student_sample" if sampled else "recorded",
+                                "recorded_action": s.get("student_action") or ""}
+        if sampled:
+            meta["student_sample"] = dict(student_meta or {})
         pairs.append(
             PreferencePair.from_actions(
                 state_id=s["state_id"],
                 state_messages=s["messages"],
                 chosen=members[0][1],
-                rejected=s["student_action"],
+                rejected=rejected,
                 n_teachers_agreeing=len(members),
+                metadata=meta,
             )
         )
     return pairs
@@ -143,12 +166,17 @@ class PairCollector:
     Args:
         states: the states being replayed. num_teachers: answers expected per state.
         agreement_threshold: teachers that must agree (:func:`extract_dpo_pairs`).
+        student_actions / student_meta: the student's sampled actions (:func:`extract_dpo_pairs`).
     """
 
-    def __init__(self, states: Sequence[TraceState], *, num_teachers: int, agreement_threshold: int) -> None:
+    def __init__(self, states: Sequence[TraceState], *, num_teachers: int, agreement_threshold: int,
+                 student_actions: Mapping[str, str] | None = None,
+                 student_meta: Mapping[str, Any] | None = None) -> None:
         self.states = {s["state_id"]: s for s in states}
         self.num_teachers = num_teachers
         self.agreement_threshold = agreement_threshold
+        self.student_actions = student_actions
+        self.student_meta = student_meta
         self._results: dict[str, list[TeacherCallResult]] = defaultdict(list)
 
     def add(self, result: TeacherCallResult) -> list[PreferencePair]:
@@ -157,4 +185,5 @@ class PairCollector:
         self._results[sid].append(result)
         if len(self._results[sid]) < self.num_teachers or sid not in self.states:
             return []
-        return extract_dpo_pairs([self.states[sid]], self._results.pop(sid), self.agreement_threshold)
+        return extract_dpo_pairs([self.states[sid]], self._results.pop(sid), self.agreement_threshold,
+                                 student_actions=self.student_actions, student_meta=self.student_meta)

@@ -23,6 +23,10 @@ def _pair(sid: str, chosen: str, rejected: str = "[TOOL_USE] name=Bash input={\"
             "chosen": chosen, "rejected": rejected, "n_teachers_agreeing": n}
 
 
+# 20000 characters of plain, non-repeating text (words "w0 w1 ..." cut to length)
+LONG = " ".join(f"w{i}" for i in range(4000))[:20000]
+
+
 def _recipe(tmp_path: Path, body) -> Path:
     p = tmp_path / "r.yaml"
     p.write_text(body if isinstance(body, str) else yaml.safe_dump(body), encoding="utf-8")
@@ -37,8 +41,9 @@ def test_default_recipe_is_in_the_repo_and_loads():
     assert DJNormalizer.DEFAULT_RECIPE == repo / "composer_replication" / "replaysim" / "default.yaml"
     assert DJNormalizer.DEFAULT_RECIPE.is_file()
     n = DJNormalizer()
-    assert [op.name for op in n.ops] == ["text_length_filter", "text_length_filter", "document_deduplicator"]
-    assert [op.text_key for op in n.ops] == ["chosen", "rejected", "text"]
+    assert [op.name for op in n.ops] == ["degenerate_action_filter", "text_length_filter", "text_length_filter",
+                                         "document_deduplicator"]
+    assert [op.text_key for op in n.ops] == ["chosen", "chosen", "rejected", "text"]
 
 
 def test_default_recipe_drops_empty_long_and_duplicate_pairs():
@@ -49,7 +54,7 @@ def test_default_recipe_drops_empty_long_and_duplicate_pairs():
         _pair("s2", "ok", rejected="x" * 20001),           # rejected too long
         _pair("s3", "[TOOL_USE] name=Read input={\"path\": \"a.py\"}"),  # duplicate of s0
         _pair("s4", "[TOOL_USE] name=Read input={\"path\": \"A.py\"}"),  # differs by case: kept
-        _pair("s5", "x" * 20000),                          # exactly at the bound: kept
+        _pair("s5", LONG, rejected="No."),                 # exactly at the bound: kept
     ]
     out = n.normalize(pairs)
     assert [p.state_id for p in out] == ["s0", "s4", "s5"]
@@ -60,15 +65,17 @@ def test_default_recipe_drops_empty_long_and_duplicate_pairs():
     meta = out[1].metadata
     assert meta["backend"] == "native" and meta["source_index"] == 4
     assert [(o["op"], o["text_key"], o["backend"]) for o in meta["ops"]] == [
-        ("text_length_filter", "chosen", "native"), ("text_length_filter", "rejected", "native"),
+        ("degenerate_action_filter", "chosen", "native"), ("text_length_filter", "chosen", "native"), ("text_length_filter", "rejected", "native"),
         ("document_deduplicator", "text", "native")]
     rep = n.normalize_report()
     assert rep is n.last_report and (rep.n_in, rep.n_out) == (6, 3)
     why = {d.state_id: (d.op, d.reason) for d in rep.dropped}
-    assert why["s1"] == ("text_length_filter", "text_length_filter on chosen: len=0 outside [1, 20000]")
+    assert why["s1"] == ("degenerate_action_filter", "degenerate_action_filter on chosen: empty: no text and no tool call")
     assert why["s2"] == ("text_length_filter", "text_length_filter on rejected: len=20001 outside [1, 20000]")
     assert why["s3"][0] == "document_deduplicator" and "duplicate of pair #0 (s0)" in why["s3"][1]
     assert [d.index for d in rep.dropped] == [1, 2, 3]
+    assert rep.drop_counts("replay/dropped/") == {"replay/dropped/document_deduplicator": 1,
+                                                  "replay/dropped/empty": 1, "replay/dropped/text_length_filter": 1}
 
 
 def test_empty_input_and_skip():
