@@ -256,6 +256,7 @@ class Ledger:
         reported. If the caller is cancelled the record is still written.
         """
         fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if we are cancelled
         self._pending.append((record, fut))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
