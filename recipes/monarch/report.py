@@ -1,0 +1,321 @@
+"""Pictures of a run: every channel's loss, the reward, the evaluation and DiLoCo's health in one PNG.
+
+    python -m recipes.monarch.report runs/tiny-20261201-054100            # writes <run>/report.png
+    python -m recipes.monarch.report runs/tiny-20261201-054100 --out /tmp/run.png
+
+Reads the run folder's ``metrics.jsonl`` (one row per step, the scheme of docs/recipes.md, "Metrics") and
+``summary.json`` when it is there (a run still going has none yet), and draws with matplotlib's Agg
+backend (no display needed):
+
+- one panel per loss channel, under the name of the loss that ran (``loss/grpo`` or ``loss/lm_ce``;
+  ``loss/jsd``, ``loss/taid`` or ``loss/entropy_opd``; ``loss/dpo`` or ``loss/simpo``), then ``loss/total``;
+- ``reward/mean`` with its ``reward/std`` band;
+- every ``eval/*`` rate at the steps it was measured (a row at the start of a fresh run and one at the end);
+- for DiLoCo runs, ``diloco/participants`` at each sync with the replicas' restarts marked (``restarts`` and
+  ``diloco_events`` of ``summary.json``).
+
+The recipe (``recipes.monarch.run``) writes the picture at the end of every run and prints its path.
+Exit codes: 0 written, 2 the folder, its metrics or its summary cannot be read (the message says which line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ReportError", "RunRecord", "load_run", "write_report", "recipe_report", "main"]
+
+# Channel of each loss name (docs/recipes.md, Metrics); a name not listed here gets its own panel.
+CHANNELS = {"grpo": 1, "lm_ce": 1, "jsd": 2, "taid": 2, "entropy_opd": 2, "dpo": 3, "simpo": 3}
+_NOT_CHANNELS = {"total", "lr", "grad_norm"}
+# Counts rather than rates: drawn apart from the [0, 1] evaluation rates, or not at all.
+_EVAL_SKIP = {"eval/num_scored"}
+
+
+class ReportError(ValueError):
+    """The run folder cannot be drawn: missing, or its metrics or summary are not what a run writes."""
+
+
+@dataclass
+class RunRecord:
+    """What a run folder holds for its picture.
+
+    Attributes:
+        path: the run folder.
+        train: one dict per training step (rows with ``loss/total``), in file order, numbers only.
+        evals: one dict per evaluation row (rows with an ``eval/*`` key), numbers only.
+        summary: ``summary.json`` (``{}`` while the run has not ended).
+    """
+
+    path: Path
+    train: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def channels(self) -> list[str]:
+        """The ``loss/<name>`` series of the run, by channel (1, 2, 3, then unknown names), ``loss/total`` last."""
+        names = {k for row in self.train for k in row if k.count("/") == 1 and k.startswith("loss/")}
+        names = {n for n in names if n.split("/")[1] not in _NOT_CHANNELS}
+        ordered = sorted(names, key=lambda n: (CHANNELS.get(n.split("/")[1], 4), n))
+        return [*ordered, "loss/total"]
+
+    def series(self, key: str, rows: list[dict[str, float]] | None = None) -> tuple[list[float], list[float]]:
+        """``(steps, values)`` of ``key`` over ``rows`` (default: the training rows); rows without it skipped."""
+        pts = [(r["step"], r[key]) for r in (self.train if rows is None else rows) if key in r]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+
+# ---------------------------------------------------------------------------- reading the run folder
+
+
+def _numbers(row: dict[str, Any]) -> dict[str, float]:
+    """The finite-or-NaN numeric entries of a metrics row (DiLoCo's digests are hex strings: dropped)."""
+    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ReportError(
+            f"{path} not found: RUN_DIR must be a run folder written by python -m recipes.monarch.run "
+            "(it holds metrics.jsonl once the first step has ended)"
+        )
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReportError(
+                f"{path} line {n} is not JSON ({exc.msg} at column {exc.colno}): {line[:80]!r}; "
+                "remove or repair that line (a run killed while writing can leave half a line)"
+            ) from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+            raise ReportError(
+                f"{path} line {n} is not a metrics row (a JSON object with a numeric 'step'): {line[:80]!r}"
+            )
+        rows.append(row)
+    return rows
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path} is not JSON ({exc}); delete it to draw the metrics alone") from None
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
+    return summary
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    """Read ``metrics.jsonl`` and ``summary.json`` of ``run_dir``.
+
+    Raises:
+        ReportError: the folder or ``metrics.jsonl`` is missing, a line is not a JSON metrics row, no
+            training step is logged, or ``summary.json`` is not a JSON object.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ReportError(
+            f"run folder {path} does not exist (pass the folder printed by the recipe, e.g. runs/tiny-...)"
+        )
+    rec = RunRecord(path=path, summary=_read_summary(path / "summary.json"))
+    for row in _read_metrics(path / "metrics.jsonl"):
+        nums = _numbers(row)
+        if "loss/total" in nums:
+            rec.train.append(nums)
+        if any(k.startswith("eval/") for k in nums):
+            rec.evals.append(nums)
+    if not rec.train:
+        raise ReportError(
+            f"{path / 'metrics.jsonl'} has no training step yet (no row with 'loss/total'); "
+            "draw it once the run has logged a step"
+        )
+    return rec
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+def _plot_line(ax: Any, xs: list[float], ys: list[float], label: str, **kw: Any) -> None:
+    ax.plot(xs, ys, marker="o" if len(xs) <= 12 else None, markersize=3, label=label, **kw)
+
+
+def _panel_loss(ax: Any, rec: RunRecord, key: str) -> None:
+    xs, ys = rec.series(key)
+    name = key.split("/")[1]
+    channel = CHANNELS.get(name)
+    ax.set_title(f"channel {channel}: {key}" if channel else key)
+    _plot_line(ax, xs, ys, key, color="black" if name == "total" else None)
+    nonzero = rec.summary.get("channel_nonzero_steps", {}).get(key)
+    if nonzero is not None:
+        ax.text(
+            0.98,
+            0.95,
+            f"non-zero on {nonzero} step(s)",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=7,
+        )
+
+
+def _panel_reward(ax: Any, rec: RunRecord) -> None:
+    ax.set_title("reward/mean (+- reward/std)")
+    xs, ys = rec.series("reward/mean")
+    if not xs:
+        ax.text(0.5, 0.5, "no reward logged", transform=ax.transAxes, ha="center")
+        return
+    _plot_line(ax, xs, ys, "reward/mean", color="tab:green")
+    std = dict(zip(*rec.series("reward/std")))
+    if std:
+        lo = [y - std.get(x, 0.0) for x, y in zip(xs, ys)]
+        hi = [y + std.get(x, 0.0) for x, y in zip(xs, ys)]
+        ax.fill_between(xs, lo, hi, color="tab:green", alpha=0.15, linewidth=0)
+
+
+def _eval_rows(rec: RunRecord) -> list[dict[str, float]]:
+    """Evaluation rows of metrics.jsonl, or the summary's ``eval_start``/``eval_end`` when the file has none."""
+    if rec.evals:
+        return rec.evals
+    rows = []
+    for key, step in (
+        ("eval_start", rec.summary.get("start_step", 0)),
+        ("eval_end", rec.summary.get("steps")),
+    ):
+        value = rec.summary.get(key)
+        if isinstance(value, dict) and isinstance(step, (int, float)):
+            rows.append({"step": float(step), **_numbers(value)})
+    return rows
+
+
+def _panel_eval(ax: Any, rec: RunRecord) -> None:
+    ax.set_title("evaluation (eval/*)")
+    rows = _eval_rows(rec)
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k not in _EVAL_SKIP})
+    if not keys:
+        ax.text(0.5, 0.5, "no evaluation (run.evaluate=false)", transform=ax.transAxes, ha="center")
+        return
+    for key in keys:
+        _plot_line(ax, *rec.series(key, rows), key.removeprefix("eval/"))
+    scored = [r["eval/num_scored"] for r in rows if "eval/num_scored" in r]
+    if scored:
+        ax.text(0.02, 0.95, f"{scored[-1]:.0f} prompts scored", transform=ax.transAxes, va="top", fontsize=7)
+    ax.legend(fontsize=6, ncol=2, loc="best")
+
+
+def _panel_diloco(ax: Any, rec: RunRecord) -> None:
+    restarts = {str(k): v for k, v in (rec.summary.get("restarts") or {}).items()}
+    total = sum(v for v in restarts.values() if isinstance(v, (int, float)))
+    ax.set_title(f"DiLoCo: participants per sync; restarts {total:g}" + (f" {restarts}" if total else ""))
+    xs, ys = rec.series("diloco/participants")
+    if xs:
+        ax.step(xs, ys, where="post", marker="o", markersize=3, color="tab:purple", label="participants")
+        ax.set_ylim(0, max(ys) + 1)
+    for ev in rec.summary.get("diloco_events") or []:
+        if isinstance(ev, dict) and isinstance(ev.get("step"), (int, float)):
+            ax.axvline(ev["step"], color="tab:red", linestyle="--", linewidth=1)
+            ax.text(
+                ev["step"],
+                0.2,
+                f" replica {ev.get('replica')} {ev.get('kind', '')}",
+                color="tab:red",
+                fontsize=6,
+                rotation=90,
+                va="bottom",
+            )
+
+
+def _is_diloco(rec: RunRecord) -> bool:
+    return bool(rec.series("diloco/participants")[0]) or "restarts" in rec.summary
+
+
+def _title(rec: RunRecord) -> str:
+    s = rec.summary
+    if not s:
+        return f"{rec.path.name}: {len(rec.train)} step(s) so far (no summary.json yet)"
+    parts = [f"{rec.path.name}: steps {s.get('start_step', 0)} -> {s.get('steps', '?')}"]
+    if "n_pairs" in s:
+        parts.append(f"{s.get('n_states', '?')} states, {s['n_pairs']} pairs")
+    if isinstance(s.get("wall_time_s"), (int, float)):
+        parts.append(f"{s['wall_time_s']:.0f} s")
+    return ", ".join(parts)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw the run in ``run_dir`` and write the PNG to ``out`` (default ``<run_dir>/report.png``); its path.
+
+    Raises:
+        ReportError: see :func:`load_run`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # files only: never a window, also inside a notebook kernel
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rec = load_run(run_dir)
+    panels = [
+        *(lambda ax, k=k: _panel_loss(ax, rec, k) for k in rec.channels()),
+        lambda ax: _panel_reward(ax, rec),
+        lambda ax: _panel_eval(ax, rec),
+    ]
+    if _is_diloco(rec):
+        panels.append(lambda ax: _panel_diloco(ax, rec))
+    cols = 3
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
+    try:
+        for ax, draw in zip(axes.flat, panels):
+            draw(ax)
+            ax.set_xlabel("step", fontsize=8)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(panels) :]:
+            ax.set_visible(False)
+        fig.suptitle(_title(rec), fontsize=10)
+        fig.tight_layout()
+        target = Path(out) if out is not None else rec.path / "report.png"
+        fig.savefig(target, dpi=90)
+    finally:
+        plt.close(fig)
+    return target
+
+
+def recipe_report(run_dir: str | Path) -> str:
+    """The recipe's last line: write ``<run_dir>/report.png`` and say where, or why there is no picture.
+
+    Never raises for an unreadable folder or a full disk: the run has ended and its folder is complete.
+    """
+    try:
+        return f"report {write_report(run_dir)}"
+    except (ReportError, OSError) as exc:
+        return f"no report picture: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m recipes.monarch.report RUN_DIR [--out PNG]``; 0 written, 2 unreadable run folder."""
+    p = argparse.ArgumentParser(prog="python -m recipes.monarch.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", help="a run folder (holds metrics.jsonl), e.g. runs/tiny-20261201-054100")
+    p.add_argument("--out", default=None, help="where to write the PNG (default: RUN_DIR/report.png)")
+    args = p.parse_args(argv)
+    try:
+        path = write_report(args.run_dir, args.out)
+    except ReportError as exc:
+        print(f"report error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
