@@ -1,10 +1,14 @@
 """Bundled data, read as package data with :mod:`importlib.resources`.
 
-- ``sessions/``: sample Claude Code sessions (synthetic bug-fix sessions written for this project).
+- ``sessions/train/`` and ``sessions/heldout/``: **synthetic** Claude Code sessions of an agent fixing
+  small Python bugs (no real user's or model's session). ``syn-*.jsonl`` are written by
+  :mod:`composer_replication.data.generate_sessions` (``python -m composer_replication.data.generate_sessions
+  --out composer_replication/data/sessions``; a test checks the bundled files equal its output); the five
+  ``train/fix-*.jsonl`` were written by hand. ``heldout/`` holds whole sessions for evaluation only.
 - ``tasks/python_tasks.jsonl``: the Python tasks of the ``python_tasks`` environment.
 
 :func:`bundled_path` gives a real file-system path to one of them; config values written as
-``bundled:sessions/*.jsonl`` resolve through it.
+``bundled:sessions/train/*.jsonl`` resolve through it.
 """
 
 from __future__ import annotations
@@ -35,5 +39,5 @@ def bundled_path(relative: str = "") -> Path:
 def resolve_bundled(path: str) -> str:
     """``bundled:<relative>`` -> the file-system path (glob patterns kept); any other string unchanged."""
     if path.startswith(BUNDLED_PREFIX):
-        return str(bundled_path(path[len(BUNDLED_PREFIX):]))
+        return str(bundled_path(path[len(BUNDLED_PREFIX) :]))
     return path

@@ -1,4 +1,5 @@
-"""The sample sessions shipped in composer_replication/data/sessions (the recipe's default training data)."""
+"""The five hand-written sessions in composer_replication/data/sessions/train (fix-*.jsonl; the generated
+syn-*.jsonl sessions are checked by tests/core/test_bundled_data.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from composer_replication.actions import parse_action
 from composer_replication.ingestion import ClaudeCodeIngester, detect_format
 
-SESSIONS = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions"
-FILES = sorted(SESSIONS.glob("*.jsonl"))
+SESSIONS = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions" / "train"
+FILES = sorted(SESSIONS.glob("fix-*.jsonl"))
 EXPECTED_KINDS = {
     "fix-config-defaults": [None, "type_error", None, "type_error", "runtime_error", None, None, None],
     "fix-iso-date-parsing": ["tool_not_found", None, None, None, None, None, None, None],

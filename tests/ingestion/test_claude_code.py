@@ -306,7 +306,7 @@ def test_max_history_tokens_drops_oldest_with_their_tool_results() -> None:
 def test_incremental_trimming_equals_trim_history(budget: int) -> None:
     """The ingester's sliding window gives exactly trim_history of the whole history, on every fixture."""
     sessions = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions"
-    paths = [*FIX.glob("*.jsonl"), *sessions.glob("*.jsonl")]
+    paths = [*FIX.glob("*.jsonl"), *sessions.glob("train/fix-*.jsonl")]
     assert len(paths) >= 10
     for path in paths:
         full = list(ClaudeCodeIngester(skip_sidechain=False).ingest(path))

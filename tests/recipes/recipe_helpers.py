@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def session_overrides() -> list[str]:
     """Use the bundled sample sessions when present, else a small ingestion fixture."""
-    if list((REPO / "composer_replication" / "data" / "sessions").glob("*.jsonl")):
+    if list((REPO / "composer_replication" / "data" / "sessions" / "train").glob("*.jsonl")):
         return []
     return ["data.sessions=[tests/ingestion/fixtures/errors.jsonl]"]
 

@@ -90,7 +90,7 @@ def test_pairs_written_by_the_replay_cli_train_in_the_recipe(tmp_path):
     """`python -m composer_replication.teacher_replay --normalize --out pairs.jsonl` -> `data.pairs=` of the recipe."""
     from composer_replication.ingestion import ingest_any
 
-    states = [dict(s) for s in ingest_any(sorted((REPO / "composer_replication" / "data" / "sessions").glob("*.jsonl"))[0])][:3]
+    states = [dict(s) for s in ingest_any(sorted((REPO / "composer_replication" / "data" / "sessions" / "train").glob("*.jsonl"))[0])][:3]
     (tmp_path / "states.jsonl").write_text("".join(json.dumps(s) + "\n" for s in states))
     cli = subprocess.run([sys.executable, "-m", "composer_replication.teacher_replay", str(tmp_path / "states.jsonl"),
                           "--teachers", "local:tiny", "--agreement", "1", "--budget", "0", "--max-tokens", "16",
