@@ -62,6 +62,8 @@ class StudentTrainer(Actor):
         world_size: int,
         tasks_path: str | None = None,
         num_eval_prompts: int = 0,
+        eval_states: list[dict[str, Any]] | None = None,
+        eval_max_new_tokens: int | None = None,
         inject_fault: str | None = None,
         threads: int = 0,
     ) -> dict[str, Any]:
@@ -72,6 +74,8 @@ class StudentTrainer(Actor):
             states: ``TraceState`` dicts (next-action prompts); pairs: channel-3 pairs.
             world_size: number of trainer replicas. tasks_path: Python tasks JSONL for ``python_tasks``/``mixed``.
             num_eval_prompts: prompts held out for ``evaluate``. inject_fault: see :class:`FaultSpec`.
+            eval_states, eval_max_new_tokens: held-out sessions' states and the answer length of ``evaluate``
+                (``build_training_data``).
             threads: ``torch.set_num_threads`` for this process (0 leaves the default).
 
         Returns:
@@ -89,7 +93,8 @@ class StudentTrainer(Actor):
 
             tasks = load_bundled_tasks(tasks_path)
         data = build_training_data(config.rollout.environment, states=states, pairs=pairs, tasks=tasks,
-                                   num_eval_prompts=num_eval_prompts, seed=config.seed)
+                                   num_eval_prompts=num_eval_prompts, seed=config.seed, eval_states=eval_states,
+                                   eval_max_new_tokens=eval_max_new_tokens)
         self.core = StudentTrainerCore(config, data=data, rank=self.rank, world_size=world_size,
                                        local_rank=self.rank)
         self.fault = FaultSpec(inject_fault) if inject_fault else None

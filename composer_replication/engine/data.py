@@ -19,6 +19,7 @@ __all__ = [
     "TrainingData",
     "MixedEnvironment",
     "build_training_data",
+    "select_eval_states",
     "prompts_for_step",
     "pairs_for_step",
     "pair_indices_for_step",
@@ -44,6 +45,11 @@ class TrainingData:
     """Channel-3 pairs; may be empty."""
     eval_prompts: list[Any] | None = None
     """Held-out prompts for ``evaluate``; ``None`` means the first few training prompts."""
+    eval_environment: Any = None
+    """Scores ``eval_prompts`` (held-out sessions: a next-action environment whose references are the
+    recorded actions); ``None`` means ``environment``."""
+    eval_max_new_tokens: int | None = None
+    """Tokens a greedy evaluation answer may have; ``None`` means ``rollout.max_new_tokens``."""
 
     def __post_init__(self) -> None:
         if self.environment is None or not hasattr(self.environment, "score"):
@@ -53,6 +59,15 @@ class TrainingData:
         self.pairs = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(self.pairs)]
         if not self.prompts and not self.pairs:
             raise ValueError("TrainingData needs at least one prompt or one pair; got neither")
+        if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
+            raise ValueError(f"'eval_max_new_tokens' must be >= 1 or None, got {self.eval_max_new_tokens!r}")
+
+    def eval_scorer(self, prompts: Sequence[Any]) -> Any:
+        """The environment that scores ``prompts``: ``eval_environment`` for held-out prompts, else ``environment``."""
+        held = {p.prompt_id for p in self.eval_prompts or []}
+        if self.eval_environment is not None and prompts and all(p.prompt_id in held for p in prompts):
+            return self.eval_environment
+        return self.environment
 
 
 class MixedEnvironment:
@@ -103,6 +118,8 @@ def build_training_data(
     tasks: Sequence[Any] | None = None,
     num_eval_prompts: int = 0,
     seed: int = 0,
+    eval_states: Sequence[dict[str, Any]] | None = None,
+    eval_max_new_tokens: int | None = None,
 ) -> TrainingData:
     """Build :class:`TrainingData` for a ``RolloutConfig.environment`` name.
 
@@ -113,11 +130,17 @@ def build_training_data(
         pairs: channel-3 pairs (``PreferencePair`` or spec ``DPOPair`` dicts); their ``chosen`` actions also
             become the reference actions of their states.
         tasks: ``rollout.PythonTask`` records.
-        num_eval_prompts: prompts held out for ``evaluate`` (drawn with ``seed``; never trained on).
+        num_eval_prompts: training prompts held out for ``evaluate`` (drawn with ``seed``); they and their
+            pairs are never trained on. Prefer ``eval_states``: whole held-out sessions.
         seed: seed of the held-out draw.
+        eval_states: ``TraceState`` dicts of held-out sessions: the evaluation prompts, scored against their
+            recorded actions (no pair is their reference); they enter no training channel.
+        eval_max_new_tokens: see :attr:`TrainingData.eval_max_new_tokens`.
 
     Raises:
-        ValueError: an unknown environment, ``next_action`` without states, or more held-out prompts than exist.
+        ValueError: an unknown environment, ``next_action`` without states, more held-out prompts than
+            exist, both ``eval_states`` and ``num_eval_prompts``, or an evaluation state that is also a
+            training state (same ``state_id``).
     """
     from composer_replication import rollout as R
 
@@ -135,17 +158,57 @@ def build_training_data(
         envs.append(R.PythonTaskEnvironment(list(tasks) if tasks is not None else None))
     env = envs[0] if len(envs) == 1 else MixedEnvironment(envs)
     prompts = env.prompts()
+    if eval_states:
+        return _with_heldout_sessions(env, prompts, pairs, states or [], eval_states, num_eval_prompts,
+                                      eval_max_new_tokens)
     if not 0 <= num_eval_prompts < max(1, len(prompts)):
         raise ValueError(
             f"'num_eval_prompts' must be in [0, {len(prompts)}) for {len(prompts)} prompts, got {num_eval_prompts}"
         )
     held = set(random.Random(f"eval:{seed}").sample(range(len(prompts)), num_eval_prompts))
+    held_ids = {p.prompt_id for i, p in enumerate(prompts) if i in held}
     return TrainingData(
         environment=env,
         prompts=[p for i, p in enumerate(prompts) if i not in held],
-        pairs=pairs,
+        pairs=[p for p in pairs if p.state_id not in held_ids],  # a held-out prompt's pair would teach its answer
         eval_prompts=[p for i, p in enumerate(prompts) if i in held] or None,
+        eval_max_new_tokens=eval_max_new_tokens,
     )
+
+
+def _with_heldout_sessions(env: Any, prompts: list[Any], pairs: list[PreferencePair],
+                           states: Sequence[dict[str, Any]], eval_states: Sequence[dict[str, Any]],
+                           num_eval_prompts: int, eval_max_new_tokens: int | None) -> TrainingData:
+    """:class:`TrainingData` whose evaluation prompts are the held-out sessions' states."""
+    from composer_replication.rollout import NextActionEnvironment
+
+    if num_eval_prompts:
+        raise ValueError(
+            f"give held-out sessions (eval_states) or num_eval_prompts ({num_eval_prompts}), not both; "
+            "set num_eval_prompts to 0 (data.num_eval_prompts=0 in the recipe)"
+        )
+    train_ids = {s.get("state_id") for s in states}
+    shared = sorted(str(s.get("state_id")) for s in eval_states if s.get("state_id") in train_ids)
+    if shared:
+        raise ValueError(
+            f"{len(shared)} evaluation state(s) are also training states (e.g. {shared[0]!r}); held-out sessions "
+            "must not be trained on: keep data.eval_sessions and data.sessions apart"
+        )
+    eval_env = NextActionEnvironment(eval_states)  # no pairs: the reference is the recorded action
+    return TrainingData(environment=env, prompts=prompts, pairs=pairs, eval_prompts=eval_env.prompts(),
+                        eval_environment=eval_env, eval_max_new_tokens=eval_max_new_tokens)
+
+
+def select_eval_states(states: Sequence[dict[str, Any]], max_states: int) -> list[dict[str, Any]]:
+    """At most ``max_states`` of ``states``, spread over them (a fixed draw, kept in the given order).
+
+    The same states are chosen in every run, so evaluations of different runs compare. ``max_states <= 0``
+    keeps them all.
+    """
+    if max_states <= 0 or len(states) <= max_states:
+        return list(states)
+    keep = set(random.Random("eval-states").sample(range(len(states)), max_states))
+    return [s for i, s in enumerate(states) if i in keep]
 
 
 def step_rng(seed: int, step: int, rank: int, stream: str) -> random.Random:

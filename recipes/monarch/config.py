@@ -41,11 +41,12 @@ PRESETS_DIR = Path(__file__).resolve().parent / "configs"
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Where the traces and tasks come from."""
+    """Where the traces and tasks come from, and which sessions are held out for evaluation."""
 
-    sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/*.jsonl"])
-    """Trace files or glob patterns (any format ``ingest_any`` reads); relative paths are tried from the
-    current folder, then from the repository root; ``bundled:<glob>`` names the bundled sample data."""
+    sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/train/*.jsonl"])
+    """Training trace files or glob patterns (any format ``ingest_any`` reads); relative paths are tried from the
+    current folder, then from the repository root; ``bundled:<glob>`` names the bundled data (synthetic
+    Claude Code sessions: ``sessions/train/`` and ``sessions/heldout/``)."""
     max_states: int = 32
     """Trace states kept (the first ones, in file order) for replay and training."""
     max_history_tokens: int | None = None
@@ -55,8 +56,29 @@ class DataConfig:
     pairs: str | None = None
     """A ``pairs.jsonl`` to train channel 3 on (e.g. written by ``python -m composer_replication.teacher_replay``
     with or without ``--normalize``); ``null`` replays the states with ``teachers`` instead."""
+    eval_sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/heldout/*.jsonl"])
+    """Held-out session files or globs (read like ``sessions``; none may also be a training file). Their states
+    are the evaluation prompts, scored against the recorded actions, and enter no training channel (no replay,
+    no pairs, no rollouts). ``[]``: evaluate on training prompts (see ``num_eval_prompts``)."""
+    max_eval_states: int = 24
+    """Held-out states evaluated: a fixed draw spread over the held-out sessions (0: all of them)."""
+    eval_max_new_tokens: int | None = None
+    """Tokens of a greedy evaluation answer; ``null``: ``student.rollout.max_new_tokens``."""
     num_eval_prompts: int = 0
-    """Prompts held out for the final evaluation (0: evaluate on the first training prompts)."""
+    """Only with ``eval_sessions: []``: training prompts held out for the evaluation (they and their pairs are
+    not trained on). 0 evaluates on the first training prompts."""
+
+    def __post_init__(self) -> None:
+        if self.num_eval_prompts and self.eval_sessions:
+            raise ValueError(
+                f"'data.num_eval_prompts' ({self.num_eval_prompts}) holds out training prompts, but "
+                "'data.eval_sessions' already holds out whole sessions; set data.eval_sessions=[] or "
+                "data.num_eval_prompts=0"
+            )
+        if self.max_eval_states < 0:
+            raise ValueError(f"'data.max_eval_states' must be >= 0 (0: all held-out states), got {self.max_eval_states}")
+        if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
+            raise ValueError(f"'data.eval_max_new_tokens' must be >= 1 or null, got {self.eval_max_new_tokens}")
 
 
 @dataclass(kw_only=True)
@@ -248,9 +270,10 @@ def check_config(config: RecipeConfig) -> None:
     """
     if not config.data.sessions:
         raise ValueError("'data.sessions' must list at least one trace file or glob")
-    from recipes.monarch.data import resolve_path, session_files
+    from recipes.monarch.data import eval_session_files, resolve_path, session_files
 
     session_files(config)
+    eval_session_files(config)
     if config.data.pairs is not None:
         from composer_replication.teacher_replay import load_pairs
 

@@ -1,7 +1,10 @@
-"""The recipe's data on the controller: which trace files ``data.sessions`` names, and their states.
+"""The recipe's data on the controller: which trace files ``data.sessions`` and ``data.eval_sessions`` name,
+and their states.
 
 Relative paths are tried from the current folder, then from the repository root; ``bundled:<glob>``
-names the bundled sample data (``composer_replication.data``).
+names the bundled data (``composer_replication.data``: synthetic Claude Code sessions, ``sessions/train/``
+for training and ``sessions/heldout/`` for evaluation). Held-out states go to the trainers only: the
+teachers never replay them, so they have no pairs, and no training channel sees them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from composer_replication.data import resolve_bundled
 if TYPE_CHECKING:
     from recipes.monarch.config import RecipeConfig
 
-__all__ = ["REPO_ROOT", "resolve_path", "session_files", "load_states"]
+__all__ = ["REPO_ROOT", "resolve_path", "session_files", "eval_session_files", "load_states", "load_eval_states"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +36,36 @@ def session_files(config: RecipeConfig) -> list[Path]:
     Raises:
         ValueError: an entry matches no file (names the entry and where it looked).
     """
+    return _files(config.data.sessions, "data.sessions")
+
+
+def eval_session_files(config: RecipeConfig) -> list[Path]:
+    """The held-out trace files ``data.eval_sessions`` names (``[]`` when it is empty).
+
+    Raises:
+        ValueError: an entry matches no file, or a file is also a training file (``data.sessions``).
+    """
+    files = _files(config.data.eval_sessions, "data.eval_sessions")
+    train = {f.resolve() for f in session_files(config)} if files else set()
+    shared = [f for f in files if f.resolve() in train]
+    if shared:
+        raise ValueError(
+            f"'data.eval_sessions' and 'data.sessions' both name {shared[0]} ({len(shared)} file(s) in all); held-out "
+            "sessions must not be trained on: narrow 'data.sessions' (e.g. bundled:sessions/train/*.jsonl) or "
+            "set data.eval_sessions=[]"
+        )
+    return files
+
+
+def _files(entries: list[str], key: str) -> list[Path]:
     files: list[Path] = []
-    for entry in config.data.sessions:
+    for entry in entries:
         entry = resolve_bundled(entry)
         here = sorted(glob.glob(os.path.expanduser(entry)))
         found = here or sorted(glob.glob(str(REPO_ROOT / entry)))
         if not found:
             raise ValueError(
-                f"'data.sessions' entry {entry!r} matches no file (looked in {Path.cwd()} and {REPO_ROOT}); "
+                f"'{key}' entry {entry!r} matches no file (looked in {Path.cwd()} and {REPO_ROOT}); "
                 "give existing trace files or globs"
             )
         files.extend(Path(f) for f in found if Path(f) not in files)
@@ -74,3 +99,25 @@ def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
             f"({len(states)}); lower it or raise 'data.max_states'"
         )
     return states
+
+
+def load_eval_states(config: RecipeConfig) -> list[dict[str, Any]]:
+    """The held-out states: every state of ``data.eval_sessions``, then a fixed draw of ``data.max_eval_states``
+    spread over them (``engine.select_eval_states``); ``[]`` when ``data.eval_sessions`` is empty.
+
+    Raises:
+        ValueError: the held-out sessions give no state, or one is also a training file.
+    """
+    from composer_replication.engine.data import select_eval_states
+    from composer_replication.ingestion import ingest_any
+
+    files = eval_session_files(config)
+    if not files:
+        return []
+    kwargs: dict[str, Any] = {}
+    if config.data.max_history_tokens is not None:
+        kwargs["max_history_tokens"] = config.data.max_history_tokens
+    states = [dict(state) for path in files for state in ingest_any(path, **kwargs)]
+    if not states:
+        raise ValueError(f"'data.eval_sessions' {config.data.eval_sessions} gave no trace states; check the files' format")
+    return select_eval_states(states, config.data.max_eval_states)

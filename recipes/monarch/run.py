@@ -34,7 +34,7 @@ from meshes import (
     wait,
 )
 from recipes.monarch.config import RecipeConfig, load_config, open_run_dir, resume_config
-from recipes.monarch.data import REPO_ROOT, load_states, resolve_path
+from recipes.monarch.data import REPO_ROOT, load_eval_states, load_states, resolve_path
 from recipes.monarch.display import Display
 from recipes.monarch.mesh_trainer import MeshTrainer
 
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         resuming = args.resume is not None  # `--resume ""` is an error, not a fresh run
         cfg = resume_config(args.resume, args.overrides) if resuming else load_config(args.config, args.overrides)
         states = load_states(cfg)
+        eval_states = load_eval_states(cfg)  # held-out sessions: to the trainers' evaluation only, never replayed
         run = open_run_dir(cfg.run.dir, resuming=resuming)  # locked: one run per folder
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
         setup = wait(trainer.setup.call(
             cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
-            num_eval_prompts=cfg.data.num_eval_prompts, inject_fault=m.inject_fault, threads=m.threads_per_proc),
+            num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
+            eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault, threads=m.threads_per_proc),
             actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
         (run.path / "processes.json").write_text(json.dumps(
             {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))

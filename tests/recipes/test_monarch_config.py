@@ -52,7 +52,8 @@ def test_bad_config_names_the_key(override, match):
 def test_bad_preset_and_impossible_sizes():
     with pytest.raises(ValueError, match=r"neither a preset nor a YAML file; presets: .*single_node"):
         load_config("nope")
-    cfg = load_config("tiny", [*session_overrides(), "data.max_states=2", "data.num_eval_prompts=2"])
+    cfg = load_config("tiny", [*session_overrides(), "data.max_states=2", "data.eval_sessions=[]",
+                                 "data.num_eval_prompts=2"])
     with pytest.raises(ValueError, match=r"'data.num_eval_prompts' \(2\) must be < the number of trace states"):
         load_states(cfg)
 

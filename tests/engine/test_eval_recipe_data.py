@@ -1,0 +1,38 @@
+"""The recipe's held-out data: ``data.eval_sessions`` loads whole sessions apart from ``data.sessions``."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.monarch.config import DataConfig, load_config
+from recipes.monarch.data import eval_session_files, load_eval_states, load_states, session_files
+
+
+def test_presets_train_on_the_train_split_and_evaluate_on_heldout_sessions():
+    for preset in ("single_node", "tiny", "gpu_single_node"):
+        cfg = load_config(preset)
+        train, held = session_files(cfg), eval_session_files(cfg)
+        assert {f.parent.name for f in train} == {"train"} and {f.parent.name for f in held} == {"heldout"}
+        assert len(held) >= 8 and not set(train) & set(held)
+    cfg = load_config("single_node")
+    states, held = load_states(cfg), load_eval_states(cfg)
+    assert len(held) == cfg.data.max_eval_states == 24
+    assert len({s["state_id"].split("::")[0] for s in held}) >= 8  # spread over the held-out sessions
+    assert not {s["state_id"] for s in held} & {s["state_id"] for s in states}
+    assert held == load_eval_states(cfg)  # the same states in every run
+    everything = load_eval_states(load_config("single_node", ["data.max_eval_states=0"]))
+    assert len(everything) > 24
+
+
+def test_eval_sessions_errors_name_the_key_and_the_fix():
+    with pytest.raises(ValueError, match=r"'data.eval_sessions' and 'data.sessions' both name .*set data.eval_sessions=\[\]"):
+        load_config("tiny", ["data.sessions=[bundled:sessions/*/*.jsonl]"])
+    with pytest.raises(ValueError, match="'data.eval_sessions' entry .* matches no file"):
+        load_config("tiny", ["data.eval_sessions=[no/such/*.jsonl]"])
+    with pytest.raises(ValueError, match=r"set data.eval_sessions=\[\] or data.num_eval_prompts=0"):
+        DataConfig(num_eval_prompts=2)
+    with pytest.raises(ValueError, match="'data.max_eval_states' must be >= 0"):
+        DataConfig(max_eval_states=-1)
+    with pytest.raises(ValueError, match="'data.eval_max_new_tokens' must be >= 1 or null"):
+        DataConfig(eval_max_new_tokens=0)
+    assert load_eval_states(load_config("tiny", ["data.eval_sessions=[]"])) == []
