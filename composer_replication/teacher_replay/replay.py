@@ -33,6 +33,12 @@ from composer_replication.teacher_replay.keys import SecretKey, resolve_api_key,
 from composer_replication.teacher_replay.ledger import Ledger, request_sha256
 from composer_replication.teacher_replay.local import LOCAL_PREFIX, LocalTeacher, local_model_name
 from composer_replication.teacher_replay.prompting import build_teacher_messages
+from composer_replication.teacher_replay.recorded import (
+    StudentSampling,
+    is_recorded,
+    recorded_result,
+    sample_student_actions,
+)
 from composer_replication.teacher_replay.specs import (
     DEFAULT_TEACHERS,
     STOPPED_PREFIX,
@@ -97,6 +103,9 @@ class TeacherReplayer:
         local_device: device of ``local:`` teachers.
         local_teachers: ``slug -> LocalTeacher`` to reuse (e.g. a model already loaded by another
             replayer); other ``local:`` slugs get a new :class:`LocalTeacher`, loaded on first use.
+        student / student_sampling: the student model (a ``local:<model>`` slug or a :class:`LocalTeacher`)
+            and how its own actions are sampled (:meth:`sample_student`); required by the ``recorded``
+            teacher (:mod:`.recorded`), whose answers are free and never sent anywhere.
 
     Raises:
         ValueError: a bad argument (named in the message).
@@ -123,6 +132,8 @@ class TeacherReplayer:
         max_response_bytes: int = 8 * 1024 * 1024,
         local_device: str = "cpu",
         local_teachers: dict[str, LocalTeacher] | None = None,
+        student: str | LocalTeacher | None = None,
+        student_sampling: StudentSampling | None = None,
     ) -> None:
         self.teachers = validate_teachers(teachers)
         check_number("max_concurrency", max_concurrency)
@@ -167,6 +178,24 @@ class TeacherReplayer:
             for t in self.teachers
             if t["slug"].startswith(LOCAL_PREFIX)
         }
+        if isinstance(student, str):  # the same model as a local teacher: one instance
+            student = self.local_teachers.get(student) or LocalTeacher(local_model_name(student), device=local_device)
+        self.student = student
+        self.student_sampling = student_sampling or StudentSampling()
+        if self.student is None and any(is_recorded(t["slug"]) for t in self.teachers):
+            raise ValueError("the 'recorded' teacher answers with the session's recorded action, so the other side "
+                             "of each pair must be the student's own sample: pass student='local:<student model>'")
+
+    async def sample_student(self, states: Sequence[TraceState]) -> dict[str, str]:
+        """``{state_id: the student's sampled action}`` (:func:`.recorded.sample_student_actions`, in a thread).
+
+        Raises:
+            ValueError: no ``student`` was given, or bad states.
+        """
+        if self.student is None:
+            raise ValueError("sample_student needs TeacherReplayer(student='local:<student model>')")
+        states = validate_states(states)
+        return await asyncio.to_thread(sample_student_actions, self.student, states, self.student_sampling)
 
     def __repr__(self) -> str:
         slugs = [t["slug"] for t in self.teachers]
@@ -193,7 +222,7 @@ class TeacherReplayer:
         return body
 
     def _make_http(self) -> tuple[httpx.AsyncClient | None, bool]:
-        if not any(not t["slug"].startswith(LOCAL_PREFIX) for t in self.teachers):
+        if not any(not t["slug"].startswith(LOCAL_PREFIX) and not is_recorded(t["slug"]) for t in self.teachers):
             return None, False
         if isinstance(self._http_arg, httpx.AsyncClient):
             return self._http_arg, False
@@ -335,6 +364,8 @@ class _Run:
         self, idx: int, state: TraceState, teacher: TeacherSpec, messages: list[dict[str, str]]
     ) -> None:
         slug, sid = teacher["slug"], state["state_id"]
+        if is_recorded(slug):  # in-process, free: never reserved, sent or written to the ledger
+            return self.finish(idx, recorded_result(state))
         body = self.rp._body(teacher, messages)
         req_hash = ""
         if self.ledger is not None:  # the canonical-JSON hash is only needed to find / record the call

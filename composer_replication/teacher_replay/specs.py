@@ -43,8 +43,8 @@ worst-case reservation; the settled cost is OpenRouter's reported ``usage.cost``
 
 
 def teacher_needs_key(teacher: TeacherSpec) -> bool:
-    """False for ``local:`` teachers and loopback ``base_url`` endpoints; True otherwise."""
-    if teacher["slug"].startswith(LOCAL_PREFIX):
+    """False for ``local:`` teachers, the ``recorded`` teacher and loopback ``base_url`` endpoints; True otherwise."""
+    if teacher["slug"].startswith(LOCAL_PREFIX) or teacher["slug"] == "recorded":  # in-process teachers
         return False
     host = urlparse(teacher.get("base_url", OPENROUTER_BASE_URL)).hostname or ""
     return host not in _LOOPBACK_HOSTS
