@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.report import write_section
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
     p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section learning)")
     args = p.parse_args(argv)
     rows, deltas = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +77,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{mean:+.3f} +- {spread:.3f} (std)")
     learned = mean > 0 and (len(deltas) == 1 or mean > spread)
     print("learning: " + ("YES (mean gain exceeds its spread)" if learned else "NOT SHOWN"))
+    if not args.no_record:
+        cmd = " ".join(["python -m benchmarks.learning", *(sys.argv[1:] if argv is None else argv)])
+        print(f"wrote {write_section('learning', _markdown(cmd, args.preset, rows, mean, spread, learned))}")
     return 0 if learned else 1
+
+
+def _markdown(cmd: str, preset: str, rows: list[tuple], mean: float, spread: float, learned: bool) -> str:
+    """The learning section of docs/benchmarks.md: one row per seed, the mean gain and the pass rule."""
+    lines = ["# Learning: first-quarter vs last-quarter reward", "", f"Command: `{cmd}` (preset `{preset}`)", "",
+             "| seed | steps | first-quarter reward | last-quarter reward | delta | wall time |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s} | {n} | {a:.3f} | {b:.3f} | {d:+.3f} | {t:.0f} s |" for s, n, a, b, d, t in rows]
+    lines += ["", f"Mean gain {mean:+.3f} +- {spread:.3f} (std over seeds): learning "
+              f"**{'shown' if learned else 'not shown'}** (rule: the mean gain is positive and exceeds its spread)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from benchmarks.report import write_section
+
 # ---------------------------------------------------------------------------- worker
 
 
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[1024, 256], help="chunk sizes to compare")
     p.add_argument("--write", default=None, help="append the table to this markdown file")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section losses_latest)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
@@ -190,6 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.write:
         with open(args.write, "a") as f:
             f.write(f"\n### {header}\n\n{table}\n")
+    if not args.no_record:
+        cmd = " ".join(["python -m benchmarks.losses", *(sys.argv[1:] if argv is None else argv)])
+        md = f"# Chunked vs naive loss: the latest run\n\nCommand: `{cmd}`\n\n{header}\n\n{table}\n"
+        print(f"wrote {write_section('losses_latest', md)}")
 
 
 if __name__ == "__main__":

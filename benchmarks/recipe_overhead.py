@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.report import write_section
 
 
 def _pairs(cfg, states):
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="tiny", help="recipe preset (recipes/monarch/configs)")
     p.add_argument("--steps", type=int, default=8, help="training steps on each side (>= 3)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section recipe_overhead)")
     args = p.parse_args(argv)
     from composer_replication.engine import build_training_data
     from meshes import install_fault_hook
@@ -105,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mesh':<6} {msetup:>16.2f} {mesh:>14.3f}")
     print(f"ratio mesh/plain (s/step): {mesh / plain:.3f}  (target <= 1.10)")
     print(f"identical losses on both sides: {ptot == mtot}")
+    if not args.no_record:
+        cmd = " ".join(["python -m benchmarks.recipe_overhead", *(sys.argv[1:] if argv is None else argv)])
+        md = (f"# Recipe overhead: plain loop vs meshes\n\nCommand: `{cmd}` (preset `{args.preset}`, "
+              f"{cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs; median wall time per step, "
+              "step 0 excluded)\n\n| side | setup + step 0 (s) | median s / step |\n|---|---|---|\n"
+              f"| plain (`run_plain`) | {psetup:.2f} | {plain:.3f} |\n| mesh (`StudentTrainer` + `Reducer`) | {msetup:.2f} | "
+              f"{mesh:.3f} |\n\n**mesh / plain: {mesh / plain:.3f}** (target <= 1.10: "
+              f"{'met' if mesh / plain <= 1.10 else 'not met'}); identical losses on both sides: {ptot == mtot}.\n")
+        print(f"wrote {write_section('recipe_overhead', md)}")
     return 0
 
 

@@ -2,17 +2,51 @@
 
 Each benchmark owns the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; a re-run
 replaces only that section (atomically: temporary file, then rename), so the other benchmarks' figures
-stay as they were measured. A section that is not there yet is appended.
+stay as they were measured. A section that is not there yet is appended. Every section ends with the
+date and the machine it was measured on (:func:`stamp`), so figures from different machines are never
+mistaken for one another. ``BENCHMARKS_PAGE=/tmp/page.md`` (or ``python -m benchmarks --page``) writes
+to another page, e.g. for a trial run that must not touch the recorded figures.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import re
+import sys
+import time
+from importlib import metadata
 from pathlib import Path
 
 from composer_replication.atomic import atomic_write_text
 
 BENCHMARKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def machine() -> str:
+    """This machine in one line: CPU model and cores, the GPU if torch sees one, Python and torch versions."""
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    parts = [f"{cpu}, {os.cpu_count()} CPU cores"]
+    torch = sys.modules.get("torch")  # only when the benchmark imported it (no import cost here)
+    if torch is not None and torch.cuda.is_available():
+        parts.append(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+    parts.append(f"{platform.system()}, Python {platform.python_version()}")
+    try:
+        parts.append(f"torch {metadata.version('torch')}")
+    except metadata.PackageNotFoundError:
+        pass
+    return ", ".join(parts)
+
+
+def stamp() -> str:
+    """The line that ends every section: ``Measured on <UTC date and time>, <machine()>; load average ...``."""
+    load = f"; 1-minute load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return f"_Measured on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {machine()}{load}._"
 
 
 def _demote(markdown: str) -> str:
@@ -27,16 +61,18 @@ def _demote(markdown: str) -> str:
     return "\n".join(out).strip()
 
 
-def write_section(name: str, markdown: str, page: Path = BENCHMARKS_PAGE) -> Path:
-    """Replace (or append) the section ``name`` of ``page`` with ``markdown``.
+def write_section(name: str, markdown: str, page: Path | None = None) -> Path:
+    """Replace (or append) the section ``name`` of ``page`` with ``markdown``, then the :func:`stamp` line.
 
     ``markdown`` is written as a standalone page would be (its title a level-1 heading); headings are
-    demoted one level so that they nest under the page's title. Returns the page's path.
+    demoted one level so that they nest under the page's title. ``page`` defaults to ``$BENCHMARKS_PAGE``,
+    else docs/benchmarks.md. Returns the page's path.
     """
+    page = Path(page or os.environ.get("BENCHMARKS_PAGE") or BENCHMARKS_PAGE)
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise ValueError(f"benchmark section name must be lowercase [a-z0-9_]+, got {name!r}")
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    block = f"{start}\n{_demote(markdown)}\n{end}"
+    block = f"{start}\n{_demote(markdown)}\n\n{stamp()}\n{end}"
     text = page.read_text() if page.exists() else "# Benchmarks\n"
     if start in text and end in text:
         head, rest = text.split(start, 1)

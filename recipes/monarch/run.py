@@ -37,6 +37,7 @@ from recipes.monarch.config import RecipeConfig, load_config, open_run_dir, resu
 from recipes.monarch.data import REPO_ROOT, load_eval_states, load_states, resolve_path
 from recipes.monarch.display import Display
 from recipes.monarch.mesh_trainer import MeshTrainer
+from recipes.monarch.report import recipe_report
 
 log = logging.getLogger("recipes.monarch.run")
 
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": len(pairs),
                                        "replay/spent_usd": spent})
         display.summary(summary)
+        display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
         return 0
     except ActorFailure as exc:
         display.close()
