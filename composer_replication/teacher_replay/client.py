@@ -248,6 +248,10 @@ class ChatCompletionsClient:
             return self._parse_ok(raw)
         except _Failed as exc:
             return AttemptOutcome(error=str(exc), **exc.fields)
+        except Exception as exc:  # e.g. RecursionError on JSON nested 100k deep: one bad reply, one call
+            return AttemptOutcome(
+                error=self._clip(f"malformed response: HTTP {status}: {type(exc).__name__}")
+            )
 
     async def _post(
         self, url: httpx.URL, body: dict[str, Any], trace: Any
@@ -387,6 +391,6 @@ def _error_message(raw: bytes) -> str:
             return str(err["message"])
         if isinstance(err, str):
             return err
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         pass
     return text or "(empty body)"

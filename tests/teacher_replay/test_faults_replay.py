@@ -249,3 +249,19 @@ def test_bad_amounts_in_a_ledger_never_reduce_its_spend(tmp_path):
     assert ledger_spend(path) == pytest.approx(0.25)
     with Ledger(path) as led:
         assert led.spent_usd == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["[" * 200_000, '{"error": ' + "[" * 200_000, '{"choices": [{"message": {"content": ' + "[" * 200_000],
+    ids=["nested-200", "nested-error", "nested-message"],
+)
+def test_a_reply_nested_past_the_recursion_limit_fails_one_call_not_the_replay(body):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if b"number 0 " in request.content:
+            return httpx.Response(200, text=body)
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}], "usage": {}})
+
+    states, spec = make_states(2), teacher("a/one", "https://api.example.test/v1")
+    res = asyncio.run(replay_trace(states, [spec], 1.0, SECRET, http_client=httpx.MockTransport(handler)))
+    assert res[0]["error"].startswith("malformed response") and res[1]["error"] is None
