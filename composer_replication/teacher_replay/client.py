@@ -204,7 +204,7 @@ class ChatCompletionsClient:
         return headers
 
     def _clip(self, text: str, limit: int = _CLIP) -> str:
-        return scrub_clip(text, self._key, limit)
+        return _utf8(scrub_clip(text, self._key, limit))
 
     async def attempt(self, url: str, body: dict[str, Any]) -> AttemptOutcome:
         """Send ``body`` to ``url`` once; never raises for what the network or the server did."""
@@ -317,7 +317,7 @@ class ChatCompletionsClient:
             text = reply_to_action(message)
         except (TypeError, ValueError, AttributeError) as exc:
             raise _Failed(self._clip(f"malformed response: choices[0].message: {exc}")) from None
-        return AttemptOutcome(text=scrub(text, self._key), usage=usage)
+        return AttemptOutcome(text=_utf8(scrub(text, self._key)), usage=usage)
 
     def _raise_body_error(self, err: Any, where: str) -> None:
         code = err.get("code") if isinstance(err, dict) else None
@@ -332,6 +332,16 @@ class ChatCompletionsClient:
         if status is not None and (status in RETRYABLE_STATUSES or status >= 500):
             raise _Failed(text, retryable=True)
         raise _Failed(text, stop=f"HTTP {status} ({_meaning(status)})" if status in STOP_STATUSES else None)
+
+
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates (legal as JSON escapes, unencodable as UTF-8) replaced by ``?``,
+    so a reply can always be written to the ledger, the results and the pairs."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class _BoundedBody:

@@ -265,3 +265,24 @@ def test_a_reply_nested_past_the_recursion_limit_fails_one_call_not_the_replay(b
     states, spec = make_states(2), teacher("a/one", "https://api.example.test/v1")
     res = asyncio.run(replay_trace(states, [spec], 1.0, SECRET, http_client=httpx.MockTransport(handler)))
     assert res[0]["error"].startswith("malformed response") and res[1]["error"] is None
+
+
+def test_lone_surrogates_in_a_reply_never_stop_the_ledger(tmp_path):
+    """``\\ud800`` is a legal JSON escape but not encodable as UTF-8: it once failed the ledger write."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if b"number 0 " in request.content:
+            body = '{"choices": [{"message": {"content": "a\\ud800b"}}], "usage": {}}'
+        else:
+            body = '{"error": {"code": 400, "message": "bad \\udfff input"}}'
+        return httpx.Response(200, text=body)
+
+    ledger = tmp_path / "ledger.jsonl"
+    spec = teacher("a/one", "https://api.example.test/v1")
+    res = asyncio.run(
+        replay_trace(
+            make_states(2), [spec], 1.0, SECRET, ledger_path=ledger, http_client=httpx.MockTransport(handler)
+        )
+    )
+    assert res[0]["response_text"] == "a?b" and "bad ? input" in res[1]["error"]
+    assert len(ledger.read_text(encoding="utf-8").splitlines()) == 4
