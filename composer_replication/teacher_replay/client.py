@@ -121,9 +121,9 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, seconds) if seconds == seconds and seconds != float("inf") else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):  # a server's header: never fatal
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 @dataclass(kw_only=True)
