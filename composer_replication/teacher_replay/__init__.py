@@ -8,8 +8,13 @@
 """
 
 from composer_replication.teacher_replay.budget import Budget, estimate_prompt_tokens, worst_case_cost
-from composer_replication.teacher_replay.keys import MissingAPIKeyError, SecretKey, resolve_api_key
-from composer_replication.teacher_replay.ledger import Ledger, request_sha256
+from composer_replication.teacher_replay.keys import (
+    InvalidAPIKeyError,
+    MissingAPIKeyError,
+    SecretKey,
+    resolve_api_key,
+)
+from composer_replication.teacher_replay.ledger import Ledger, LedgerLockedError, ledger_spend, request_sha256
 from composer_replication.teacher_replay.local import LocalTeacher
 from composer_replication.teacher_replay.pairs import PairCollector, extract_dpo_pairs, load_pairs, save_pairs
 from composer_replication.teacher_replay.prompting import (
@@ -51,6 +56,9 @@ __all__ = [
     "load_pairs",
     "Budget",
     "Ledger",
+    "LedgerLockedError",
+    "ledger_spend",
+    "InvalidAPIKeyError",
     "LocalTeacher",
     "SecretKey",
     "MissingAPIKeyError",
