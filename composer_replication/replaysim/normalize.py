@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import yaml
 
 from composer_replication import teacher_replay
-from composer_replication.replaysim.degenerate import degeneracy
+from composer_replication.replaysim.degenerate import RULES, degeneracy
 from composer_replication.replaysim.ops import NATIVE_OPS, REPLAYSIM_OPS, action_limits, dedup_hash, op_keep
 from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
 from composer_replication.types import PreferencePair, TeacherCallResult
@@ -91,8 +91,10 @@ class NormalizeReport:
 
     def drop_counts(self, prefix: str = "") -> dict[str, int]:
         """Dropped pairs per :attr:`DroppedPair.kind` (e.g. ``{"replay/dropped/repetition": 3}`` with
-        ``prefix="replay/dropped/"``), keys sorted."""
-        counts: dict[str, int] = {}
+        ``prefix="replay/dropped/"``), keys sorted; every rule of ``degenerate_action_filter`` and every other
+        operator that ran is listed, with 0 when it dropped nothing."""
+        kinds = [k for op in dict.fromkeys(self.ops) for k in (RULES if op in REPLAYSIM_OPS else (op,))]
+        counts: dict[str, int] = {prefix + k: 0 for k in kinds}
         for d in self.dropped:
             key = prefix + (d.kind or d.op)
             counts[key] = counts.get(key, 0) + 1

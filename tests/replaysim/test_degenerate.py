@@ -157,9 +157,11 @@ def test_default_normalizer_drops_each_degenerate_reason_and_counts_it():
         "empty": "empty",
     }
     assert report.drop_counts("replay/dropped/") == {
+        "replay/dropped/document_deduplicator": 0,
         "replay/dropped/empty": 1,
         "replay/dropped/repetition": 1,
         "replay/dropped/text_for_call": 1,
+        "replay/dropped/text_length_filter": 0,
         "replay/dropped/truncated_call": 1,
     }
     assert all(

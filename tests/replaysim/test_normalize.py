@@ -74,8 +74,9 @@ def test_default_recipe_drops_empty_long_and_duplicate_pairs():
     assert why["s2"] == ("text_length_filter", "text_length_filter on rejected: len=20001 outside [1, 20000]")
     assert why["s3"][0] == "document_deduplicator" and "duplicate of pair #0 (s0)" in why["s3"][1]
     assert [d.index for d in rep.dropped] == [1, 2, 3]
-    assert rep.drop_counts("replay/dropped/") == {"replay/dropped/document_deduplicator": 1,
-                                                  "replay/dropped/empty": 1, "replay/dropped/text_length_filter": 1}
+    assert rep.drop_counts("replay/dropped/") == {
+        "replay/dropped/document_deduplicator": 1, "replay/dropped/empty": 1, "replay/dropped/repetition": 0,
+        "replay/dropped/text_for_call": 0, "replay/dropped/text_length_filter": 1, "replay/dropped/truncated_call": 0}
 
 
 def test_empty_input_and_skip():
