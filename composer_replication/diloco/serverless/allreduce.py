@@ -104,7 +104,9 @@ class ObjectStoreAllReduce:
         if round_id is not None and (not isinstance(round_id, int) or round_id < 0):
             raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
         if not timeout_s > 0 or not poll_interval_s > 0:
-            raise ValueError(f"timeout_s and poll_interval_s must be > 0, got {timeout_s!r}, {poll_interval_s!r}")
+            raise ValueError(
+                f"timeout_s and poll_interval_s must be > 0, got {timeout_s!r}, {poll_interval_s!r}"
+            )
         if run_id is not None and (not run_id or "/" in run_id):
             raise ValueError(f"run_id must be a non-empty string without '/', got {run_id!r}")
         self.uri, self.rank, self.world_size = uri.rstrip("/"), rank, world_size
@@ -132,8 +134,10 @@ class ObjectStoreAllReduce:
         return self._run_id
 
     def __repr__(self) -> str:
-        return (f"ObjectStoreAllReduce(uri={self.uri!r}, rank={self.rank}, world_size={self.world_size}, "
-                f"run_id={self._run_id!r}, round_id={self._round_id})")
+        return (
+            f"ObjectStoreAllReduce(uri={self.uri!r}, rank={self.rank}, world_size={self.world_size}, "
+            f"run_id={self._run_id!r}, round_id={self._round_id})"
+        )
 
     # ------------------------------------------------------------------------ public API
 
@@ -155,8 +159,10 @@ class ObjectStoreAllReduce:
         tensors = list(tensors)
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
-                raise TypeError(f"tensor {i} of {name!r} must be a floating torch.Tensor to average, got "
-                                f"{getattr(t, 'dtype', type(t).__name__)}")
+                raise TypeError(
+                    f"tensor {i} of {name!r} must be a floating torch.Tensor to average, got "
+                    f"{getattr(t, 'dtype', type(t).__name__)}"
+                )
         round_id = self._round_id
         self._round_id += 1
         if self.world_size == 1:
@@ -203,7 +209,9 @@ class ObjectStoreAllReduce:
                         raise RoundTimeoutError(
                             f"rendezvous at {self.uri}: rank(s) {missing} did not join run {run_id} within "
                             f"{self.timeout_s:g} s; start every replica, or raise timeout_s",
-                            round_id=-1, missing=missing)
+                            round_id=-1,
+                            missing=missing,
+                        )
                     time.sleep(self.poll_interval_s)
             ready = {"run": run_id, "nonces": {str(r): n for r, n in nonces.items()}}
             write_atomic(fs, f"{root}/runs/{run_id}/ready.json", dump_json(ready))
@@ -213,7 +221,9 @@ class ObjectStoreAllReduce:
             cur = read_json(fs, current)
             if cur is not None and cur["run"] != joined_run:
                 joined_run = cur["run"]
-                write_atomic(fs, f"{root}/runs/{joined_run}/join/rank_{self.rank}.json", dump_json({"nonce": nonce}))
+                write_atomic(
+                    fs, f"{root}/runs/{joined_run}/join/rank_{self.rank}.json", dump_json({"nonce": nonce})
+                )
             if joined_run is not None:
                 ready = read_json(fs, f"{root}/runs/{joined_run}/ready.json")
                 if ready is not None and ready["nonces"].get(str(self.rank)) == nonce:
@@ -222,7 +232,9 @@ class ObjectStoreAllReduce:
                 raise RoundTimeoutError(
                     f"rendezvous at {self.uri}: rank 0 did not start a run that acknowledged rank {self.rank} "
                     f"within {self.timeout_s:g} s; start rank 0, or pass the same run_id to every rank",
-                    round_id=-1, missing=[0])
+                    round_id=-1,
+                    missing=[0],
+                )
             time.sleep(self.poll_interval_s)
 
     # ------------------------------------------------------------------------ one round
@@ -250,8 +262,12 @@ class ObjectStoreAllReduce:
         payload = encode_tensors(tensors, dict(expect, rank=self.rank, name=name))
         write_atomic(self._fs, self._object(round_id, self.rank), payload)
         self.bytes_written += len(payload)
-        own = {"name": name, "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-                                          for t in tensors]}
+        own = {
+            "name": name,
+            "tensors": [
+                {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors
+            ],
+        }
         got: dict[int, tuple[dict, list[torch.Tensor]]] = {self.rank: (own, tensors)}
         problems: dict[int, str] = {}
         decision = self._gather(round_id, folder, expect, got, problems)
@@ -261,7 +277,10 @@ class ObjectStoreAllReduce:
             raise RoundTimeoutError(
                 f"round {round_id} of run {self._run_id} at {self.uri}: rank(s) {missing} wrote no complete "
                 f"object within {self.timeout_s:g} s{' (' + detail + ')' if detail else ''}; the round is "
-                "dropped on every rank", round_id=round_id, missing=missing)
+                "dropped on every rank",
+                round_id=round_id,
+                missing=missing,
+            )
         deadline = time.monotonic() + self.timeout_s
         for r in range(self.world_size):  # a rank that proposed abort but lost the race reads the rest now
             while r not in got:
@@ -269,8 +288,10 @@ class ObjectStoreAllReduce:
                     got[r] = self._read(round_id, r, expect)
                 except (FileNotFoundError, CorruptObjectError) as exc:
                     if time.monotonic() >= deadline:
-                        raise RuntimeError(f"round {round_id} committed but rank {r}'s object is unreadable "
-                                           f"({exc}); was the store modified during the run?") from exc
+                        raise RuntimeError(
+                            f"round {round_id} committed but rank {r}'s object is unreadable "
+                            f"({exc}); was the store modified during the run?"
+                        ) from exc
                     time.sleep(self.poll_interval_s)
         mean = _mean_in_rank_order(got, name, self.world_size)
         for t, m in zip(tensors, mean):
@@ -304,8 +325,12 @@ class ObjectStoreAllReduce:
                 break
             time.sleep(self.poll_interval_s)
         missing = sorted(set(range(self.world_size)) - set(got))
-        proposal = {"decision": "commit" if complete else "abort", "missing": missing, "by": self.rank,
-                    "problems": {str(r): why for r, why in problems.items() if r in missing}}
+        proposal = {
+            "decision": "commit" if complete else "abort",
+            "missing": missing,
+            "by": self.rank,
+            "problems": {str(r): why for r, why in problems.items() if r in missing},
+        }
         if create_exclusive(self._fs, decision_path, dump_json(proposal)):
             return proposal
         while True:  # another rank decided first: obey it
@@ -315,21 +340,25 @@ class ObjectStoreAllReduce:
             time.sleep(min(self.poll_interval_s, 0.05))
 
 
-def _mean_in_rank_order(got: dict[int, tuple[dict, list[torch.Tensor]]], name: str, world_size: int) -> list[torch.Tensor]:
+def _mean_in_rank_order(
+    got: dict[int, tuple[dict, list[torch.Tensor]]], name: str, world_size: int
+) -> list[torch.Tensor]:
     """Mean over ranks 0..n-1, accumulated in float64 in rank order (so every rank gets the same bits)."""
     ref_header, ref = got[0]
     for r in range(1, world_size):
         header, tensors = got[r]
-        if header["name"] != ref_header["name"] or [
-            (s["dtype"], s["shape"]) for s in header["tensors"]] != [(s["dtype"], s["shape"]) for s in ref_header["tensors"]]:
+        if header["name"] != ref_header["name"] or [(s["dtype"], s["shape"]) for s in header["tensors"]] != [
+            (s["dtype"], s["shape"]) for s in ref_header["tensors"]
+        ]:
             raise ValueError(
                 f"ranks disagree on allreduce {name!r}: rank 0 sent {ref_header['name']!r} "
                 f"{[(s['dtype'], s['shape']) for s in ref_header['tensors']]}, rank {r} sent {header['name']!r} "
-                f"{[(s['dtype'], s['shape']) for s in header['tensors']]}; every rank must reduce the same tensors")
+                f"{[(s['dtype'], s['shape']) for s in header['tensors']]}; every rank must reduce the same tensors"
+            )
     out = []
     for i, t0 in enumerate(ref):
         wide = torch.complex128 if t0.is_complex() else torch.float64
-        acc = t0.detach().to("cpu", wide).clone()
+        acc = t0.detach().to("cpu", wide, copy=True)
         for r in range(1, world_size):
             acc += got[r][1][i].detach().to("cpu", wide)
         out.append((acc / world_size).to(t0.dtype))
@@ -342,4 +371,3 @@ def __getattr__(name: str) -> Any:  # spec path: serverless.allreduce.MockManage
 
         return MockManager
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

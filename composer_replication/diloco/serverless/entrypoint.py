@@ -60,11 +60,18 @@ def replica_entrypoint(
     """
     raw = os.environ.get(rank_env)
     if raw is None or not raw.strip().isdigit():
-        raise ValueError(f"replica rank: environment variable {rank_env}={raw!r} must be set to an int in "
-                         f"[0, {world_size}) by the executor (or pass rank_env naming the variable it sets)")
+        raise ValueError(
+            f"replica rank: environment variable {rank_env}={raw!r} must be set to an int in "
+            f"[0, {world_size}) by the executor (or pass rank_env naming the variable it sets)"
+        )
     allreduce = ObjectStoreAllReduce(
-        rendezvous_uri, int(raw), int(world_size), run_id=run_id, timeout_s=timeout_s,
-        poll_interval_s=poll_interval_s, storage_options=storage_options,
+        rendezvous_uri,
+        int(raw),
+        int(world_size),
+        run_id=run_id,
+        timeout_s=timeout_s,
+        poll_interval_s=poll_interval_s,
+        storage_options=storage_options,
     )
     train = resolve_entrypoint(trainer_module, default_attr="train")
     return train(allreduce=allreduce, **dict(trainer_kwargs or {}))
@@ -77,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     entrypoint's result is printed as one JSON line.
     """
     p = argparse.ArgumentParser(description="Run one serverless DiLoCo replica.")
-    p.add_argument("--entrypoint", default="composer_replication.diloco.serverless.replica_entrypoint",
-                   help="dotted path of the function to run (default: replica_entrypoint)")
+    p.add_argument(
+        "--entrypoint",
+        default="composer_replication.diloco.serverless.replica_entrypoint",
+        help="dotted path of the function to run (default: replica_entrypoint)",
+    )
     p.add_argument("--args", default="{}", help="its keyword arguments as a JSON object")
     a = p.parse_args(argv)
     args = json.loads(a.args)

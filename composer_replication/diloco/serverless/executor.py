@@ -26,8 +26,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
-    "ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "resolve_entrypoint", "run_replica",
-    "collect_by_polling", "STATUSES",
+    "ReplicaHandle",
+    "ServerlessExecutor",
+    "LocalProcessExecutor",
+    "resolve_entrypoint",
+    "run_replica",
+    "collect_by_polling",
+    "STATUSES",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,9 +57,15 @@ class ServerlessExecutor(Protocol):
     backend_name: str
     supports_inter_replica_network: bool
 
-    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
-                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
-                        timeout: int = 3600) -> list[ReplicaHandle]:
+    def launch_replicas(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> list[ReplicaHandle]:
         """Start ``n_replicas``; returns their handles in rank order."""
         ...
 
@@ -75,7 +86,9 @@ class ServerlessExecutor(Protocol):
         ...
 
 
-def resolve_entrypoint(entrypoint: str | Callable[..., Any], *, default_attr: str = "main") -> Callable[..., Any]:
+def resolve_entrypoint(
+    entrypoint: str | Callable[..., Any], *, default_attr: str = "main"
+) -> Callable[..., Any]:
     """A callable from ``"pkg.module"`` (its ``default_attr``, ``main``), ``"pkg.module.function"``,
     ``"pkg.module:function"`` or a callable.
 
@@ -102,8 +115,10 @@ def resolve_entrypoint(entrypoint: str | Callable[..., Any], *, default_attr: st
 def _attr(module: Any, attr: str, path: str) -> Callable[..., Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
-                         f"{attr}(), or name the function: 'pkg.module.function'")
+        raise ValueError(
+            f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
+            f"{attr}(), or name the function: 'pkg.module.function'"
+        )
     return fn
 
 
@@ -116,8 +131,13 @@ def run_replica(rank: int, entrypoint: str, entrypoint_args: Mapping[str, Any]) 
     return resolve_entrypoint(entrypoint)(**dict(entrypoint_args))
 
 
-def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int | None, interval_s: float,
-                       report: Callable[[ReplicaHandle, str], dict[str, Any]]) -> list[dict[str, Any]]:
+def collect_by_polling(
+    executor: Any,
+    handles: list[ReplicaHandle],
+    timeout: int | None,
+    interval_s: float,
+    report: Callable[[ReplicaHandle, str], dict[str, Any]],
+) -> list[dict[str, Any]]:
     """Poll every handle until it is final (cancelling those still running after ``timeout`` s), then
     return ``report(handle, status)`` for each, with ``error`` set for a timed-out one."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -131,8 +151,15 @@ def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int
     for h in handles:
         if status[id(h)] not in _FINAL:
             executor.cancel(h)
-            out.append({"rank": h.rank, "status": "cancelled", "exit_code": None,
-                        "error": f"still running after collect(timeout={timeout}); cancelled", "result": None})
+            out.append(
+                {
+                    "rank": h.rank,
+                    "status": "cancelled",
+                    "exit_code": None,
+                    "error": f"still running after collect(timeout={timeout}); cancelled",
+                    "result": None,
+                }
+            )
         else:
             out.append(report(h, status[id(h)]))
     return out
@@ -141,8 +168,14 @@ def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int
 # ---------------------------------------------------------------------------- local processes
 
 
-def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank_env: str, rank: int,
-           log_path: str, conn: Any) -> None:
+def _child(
+    entrypoint: str | Callable[..., Any],
+    args: dict[str, Any],
+    rank_env: str,
+    rank: int,
+    log_path: str,
+    conn: Any,
+) -> None:
     """Body of a replica process: set the rank variable, send stdout/stderr to the log, run, report."""
     os.environ[rank_env] = str(rank)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -184,9 +217,15 @@ class LocalProcessExecutor:
         self._procs: dict[int, Any] = {}
         self._state: dict[int, dict[str, Any]] = {}
 
-    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
-                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
-                        timeout: int = 3600) -> list[ReplicaHandle]:
+    def launch_replicas(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> list[ReplicaHandle]:
         """Start ``n_replicas`` processes running ``entrypoint(**entrypoint_args)`` with ``$REPLICA_RANK`` set.
 
         ``entrypoint_args["rank_env"]`` (default ``"REPLICA_RANK"``) names the rank variable; it is also
@@ -206,15 +245,29 @@ class LocalProcessExecutor:
         for rank in range(n_replicas):
             log_path = self._log_dir / f"replica_{rank}_{time.time_ns()}.log"
             recv, send = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_child, args=(entrypoint, args, rank_env, rank, str(log_path), send),
-                                     name=f"replica-{rank}", daemon=False)
+            proc = self._ctx.Process(
+                target=_child,
+                args=(entrypoint, args, rank_env, rank, str(log_path), send),
+                name=f"replica-{rank}",
+                daemon=False,
+            )
             proc.start()
             send.close()
             start = time.time()
             self._procs[proc.pid] = proc
             self._state[proc.pid] = {"conn": recv, "outcome": None, "cancelled": False, "timed_out": False}
-            handles.append(ReplicaHandle(rank=rank, backend_name=self.backend_name, metadata={
-                "pid": proc.pid, "start_ts": start, "log_path": str(log_path), "deadline": start + timeout}))
+            handles.append(
+                ReplicaHandle(
+                    rank=rank,
+                    backend_name=self.backend_name,
+                    metadata={
+                        "pid": proc.pid,
+                        "start_ts": start,
+                        "log_path": str(log_path),
+                        "deadline": start + timeout,
+                    },
+                )
+            )
         return handles
 
     def _receive(self, pid: int) -> None:
@@ -304,6 +357,11 @@ class LocalProcessExecutor:
             code = proc.exitcode
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             error = f"replica process {how} without reporting a result"
-        return {"rank": handle.rank, "status": status, "exit_code": proc.exitcode, "error": error,
-                "result": outcome[1] if outcome is not None and outcome[0] == "ok" else None,
-                "log_path": handle.metadata["log_path"]}
+        return {
+            "rank": handle.rank,
+            "status": status,
+            "exit_code": proc.exitcode,
+            "error": error,
+            "result": outcome[1] if outcome is not None and outcome[0] == "ok" else None,
+            "log_path": handle.metadata["log_path"],
+        }

@@ -26,20 +26,29 @@ __all__ = ["HFJobsExecutor"]
 
 log = logging.getLogger(__name__)
 
-_STAGES = {"SCHEDULING": "pending", "RUNNING": "running", "COMPLETED": "succeeded", "ERROR": "failed",
-           "CANCELED": "cancelled", "DELETED": "cancelled"}
+_STAGES = {
+    "SCHEDULING": "pending",
+    "RUNNING": "running",
+    "COMPLETED": "succeeded",
+    "ERROR": "failed",
+    "CANCELED": "cancelled",
+    "DELETED": "cancelled",
+}
 
 
 def _hf_api(token: str | None) -> Any:
     try:
         from huggingface_hub import HfApi
     except ImportError as exc:
-        raise ImportError("HFJobsExecutor needs `huggingface_hub`, which is not installed: "
-                          "`pip install huggingface_hub`") from exc
+        raise ImportError(
+            "HFJobsExecutor needs `huggingface_hub`, which is not installed: `pip install huggingface_hub`"
+        ) from exc
     api = HfApi(token=token)
     if not hasattr(api, "run_job"):
-        raise ImportError("HFJobsExecutor needs a huggingface_hub with the Jobs API (HfApi.run_job): "
-                          "`pip install -U huggingface_hub`")
+        raise ImportError(
+            "HFJobsExecutor needs a huggingface_hub with the Jobs API (HfApi.run_job): "
+            "`pip install -U huggingface_hub`"
+        )
     return api
 
 
@@ -64,10 +73,19 @@ class HFJobsExecutor:
     backend_name = "hf_jobs"
     supports_inter_replica_network = False
 
-    def __init__(self, image: str, *, flavor: str = "cpu-basic", namespace: str | None = None,
-                 token: str | None = None, env: Mapping[str, str] | None = None,
-                 secrets: Mapping[str, str] | None = None, setup_command: str | None = None,
-                 python: str = "python", poll_interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        image: str,
+        *,
+        flavor: str = "cpu-basic",
+        namespace: str | None = None,
+        token: str | None = None,
+        env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_command: str | None = None,
+        python: str = "python",
+        poll_interval_s: float = 10.0,
+    ) -> None:
         self._api = _hf_api(token)
         if not image:
             raise ValueError("image must name a Docker image with Python, e.g. 'pytorch/pytorch:latest'")
@@ -77,34 +95,62 @@ class HFJobsExecutor:
         self._info: dict[str, Any] = {}
 
     def _command(self, entrypoint: str, args: Mapping[str, Any]) -> list[str]:
-        run = [self.python, "-m", "composer_replication.diloco.serverless.entrypoint",
-               "--entrypoint", entrypoint, "--args", json.dumps(dict(args))]
+        run = [
+            self.python,
+            "-m",
+            "composer_replication.diloco.serverless.entrypoint",
+            "--entrypoint",
+            entrypoint,
+            "--args",
+            json.dumps(dict(args)),
+        ]
         if not self.setup_command:
             return run
         import shlex
 
         return ["bash", "-c", f"{self.setup_command} && {shlex.join(run)}"]
 
-    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
-                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
-                        timeout: int = 3600) -> list[ReplicaHandle]:
+    def launch_replicas(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> list[ReplicaHandle]:
         """Start ``n_replicas`` Jobs; ``gpu`` is an HF hardware flavour (``"a10g-small"``, ``"h100"``...)."""
         if not isinstance(entrypoint, str):
-            raise TypeError("HFJobsExecutor needs entrypoint as a dotted path importable in the image "
-                            f"(callables run only with LocalProcessExecutor), got {type(entrypoint).__name__}")
+            raise TypeError(
+                "HFJobsExecutor needs entrypoint as a dotted path importable in the image "
+                f"(callables run only with LocalProcessExecutor), got {type(entrypoint).__name__}"
+            )
         if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
             raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
         rank_env = str(entrypoint_args.get("rank_env", "REPLICA_RANK"))
         handles = []
         for rank in range(n_replicas):
             info = self._api.run_job(
-                image=self.image, command=self._command(entrypoint, entrypoint_args),
-                env={**self.env, rank_env: str(rank)}, secrets=self.secrets or None,
-                flavor=gpu or self.flavor, timeout=int(timeout), namespace=self.namespace,
+                image=self.image,
+                command=self._command(entrypoint, entrypoint_args),
+                env={**self.env, rank_env: str(rank)},
+                secrets=self.secrets or None,
+                flavor=gpu or self.flavor,
+                timeout=int(timeout),
+                namespace=self.namespace,
             )
             self._info[info.id] = info
-            handles.append(ReplicaHandle(rank=rank, backend_name=self.backend_name, metadata={
-                "job_id": info.id, "url": getattr(info, "url", None), "namespace": self.namespace}))
+            handles.append(
+                ReplicaHandle(
+                    rank=rank,
+                    backend_name=self.backend_name,
+                    metadata={
+                        "job_id": info.id,
+                        "url": getattr(info, "url", None),
+                        "namespace": self.namespace,
+                    },
+                )
+            )
         log.info("HF Jobs: started %d replica(s): %s", n_replicas, [h.metadata["job_id"] for h in handles])
         return handles
 
@@ -118,14 +164,18 @@ class HFJobsExecutor:
         """The Job's stage mapped to ``pending``/``running``/``succeeded``/``failed``/``cancelled``."""
         stage, _ = self._stage(handle)
         if stage not in _STAGES:
-            raise RuntimeError(f"HF Job {handle.metadata['job_id']} is in an unknown stage {stage!r}; "
-                               "update HFJobsExecutor._STAGES for this huggingface_hub")
+            raise RuntimeError(
+                f"HF Job {handle.metadata['job_id']} is in an unknown stage {stage!r}; "
+                "update HFJobsExecutor._STAGES for this huggingface_hub"
+            )
         return _STAGES[stage]
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
         """The Job's last ``n_lines`` log lines available now."""
-        lines = deque(self._api.fetch_job_logs(job_id=handle.metadata["job_id"], namespace=self.namespace),
-                      maxlen=n_lines)
+        lines = deque(
+            self._api.fetch_job_logs(job_id=handle.metadata["job_id"], namespace=self.namespace),
+            maxlen=n_lines,
+        )
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
     def cancel(self, handle: ReplicaHandle) -> None:
@@ -139,8 +189,13 @@ class HFJobsExecutor:
         def report(h: ReplicaHandle, status: str) -> dict[str, Any]:
             stage, message = self._stage(h)
             ok = status == "succeeded"
-            return {"rank": h.rank, "status": status, "exit_code": 0 if ok else None,
-                    "error": None if ok else f"job {h.metadata['job_id']} {stage}: {message or 'no message'}",
-                    "result": None, "url": h.metadata.get("url")}
+            return {
+                "rank": h.rank,
+                "status": status,
+                "exit_code": 0 if ok else None,
+                "error": None if ok else f"job {h.metadata['job_id']} {stage}: {message or 'no message'}",
+                "result": None,
+                "url": h.metadata.get("url"),
+            }
 
         return collect_by_polling(self, handles, timeout, self.poll_interval_s, report)

@@ -93,9 +93,13 @@ class MockManager:
     def __init__(self, allreduce: ObjectStoreAllReduce, *, max_dropped_rounds: int | None = None) -> None:
         for member in ("allreduce_tensors", "rank", "world_size"):
             if not hasattr(allreduce, member):
-                raise TypeError(f"MockManager needs an ObjectStoreAllReduce (missing .{member}), got "
-                                f"{type(allreduce).__name__}")
-        if max_dropped_rounds is not None and (not isinstance(max_dropped_rounds, int) or max_dropped_rounds < 0):
+                raise TypeError(
+                    f"MockManager needs an ObjectStoreAllReduce (missing .{member}), got "
+                    f"{type(allreduce).__name__}"
+                )
+        if max_dropped_rounds is not None and (
+            not isinstance(max_dropped_rounds, int) or max_dropped_rounds < 0
+        ):
             raise ValueError(f"max_dropped_rounds must be None or an int >= 0, got {max_dropped_rounds!r}")
         self._allreduce = allreduce
         self._use_async_quorum = False
@@ -137,8 +141,9 @@ class MockManager:
 
     # ------------------------------------------------------------------------ state dict
 
-    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None],
-                               state_dict: Callable[[], Any]) -> None:
+    def register_state_dict_fn(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
         """Register a component's ``(load, save)`` functions; keys are unique, as in torchft."""
         if key in self._load_fns:
             raise ValueError(f"state dict key {key!r} is already registered; build one DiLoCo per manager")
@@ -181,15 +186,18 @@ class MockManager:
 
     # ------------------------------------------------------------------------ rounds
 
-    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False,
-                     timeout: timedelta | None = None) -> None:
+    def start_quorum(
+        self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None
+    ) -> None:
         """Begin a sync: forget the previous round's error (there is no quorum to compute)."""
         self._error = None
 
     def wait_quorum(self) -> None:
         """Nothing to wait for: membership is fixed."""
 
-    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False, reduce_op: Any = None) -> _StoreWork:
+    def allreduce(
+        self, tensor: torch.Tensor, should_quantize: bool = False, reduce_op: Any = None
+    ) -> _StoreWork:
         """Queue ``tensor`` (any shape, floating) to be averaged in place across replicas.
 
         ``should_quantize`` is accepted and ignored (tensors travel at full precision). ``reduce_op``:
@@ -197,7 +205,9 @@ class MockManager:
         """
         name = getattr(reduce_op, "name", None) or str(reduce_op or "AVG").rsplit(".", 1)[-1]
         if name.upper() not in ("AVG", "SUM"):
-            raise ValueError(f"MockManager.allreduce supports ReduceOp.AVG and ReduceOp.SUM, got {reduce_op!r}")
+            raise ValueError(
+                f"MockManager.allreduce supports ReduceOp.AVG and ReduceOp.SUM, got {reduce_op!r}"
+            )
         work = _StoreWork(self, tensor)
         self._queue.append((work, name.upper() == "SUM"))
         return work

@@ -61,12 +61,20 @@ class ModalExecutor:
     backend_name = "modal"
     supports_inter_replica_network = False
 
-    def __init__(self, app_name: str, function_name: str = "replica", *, environment_name: str | None = None,
-                 poll_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        app_name: str,
+        function_name: str = "replica",
+        *,
+        environment_name: str | None = None,
+        poll_interval_s: float = 5.0,
+    ) -> None:
         self._modal = _import_modal()
         if not app_name or not function_name:
-            raise ValueError(f"app_name and function_name must name a deployed Modal function, got "
-                             f"{app_name!r}, {function_name!r}")
+            raise ValueError(
+                f"app_name and function_name must name a deployed Modal function, got "
+                f"{app_name!r}, {function_name!r}"
+            )
         self.app_name, self.function_name = app_name, function_name
         self.environment_name = environment_name
         self.poll_interval_s = poll_interval_s
@@ -80,16 +88,24 @@ class ModalExecutor:
             self._fn = self._modal.Function.from_name(self.app_name, self.function_name, **kwargs)
         return self._fn
 
-    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
-                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
-                        timeout: int = 3600) -> list[ReplicaHandle]:
+    def launch_replicas(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> list[ReplicaHandle]:
         """Spawn ``n_replicas`` calls ``replica(rank=r, entrypoint=..., entrypoint_args=...)``.
 
         ``gpu`` (e.g. ``"H100"``) and ``timeout`` (seconds) override the deployed function's options.
         """
         if not isinstance(entrypoint, str):
-            raise TypeError("ModalExecutor needs entrypoint as a dotted path importable in the Modal image "
-                            f"(callables run only with LocalProcessExecutor), got {type(entrypoint).__name__}")
+            raise TypeError(
+                "ModalExecutor needs entrypoint as a dotted path importable in the Modal image "
+                f"(callables run only with LocalProcessExecutor), got {type(entrypoint).__name__}"
+            )
         if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
             raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
         options: dict[str, Any] = {"timeout": int(timeout)}
@@ -101,8 +117,17 @@ class ModalExecutor:
             call = fn.spawn(rank=rank, entrypoint=entrypoint, entrypoint_args=dict(entrypoint_args))
             call_id = call.object_id
             self._calls[call_id] = call
-            handles.append(ReplicaHandle(rank=rank, backend_name=self.backend_name, metadata={
-                "function_call_id": call_id, "app_name": self.app_name, "function_name": self.function_name}))
+            handles.append(
+                ReplicaHandle(
+                    rank=rank,
+                    backend_name=self.backend_name,
+                    metadata={
+                        "function_call_id": call_id,
+                        "app_name": self.app_name,
+                        "function_name": self.function_name,
+                    },
+                )
+            )
         log.info("Modal: spawned %d replica(s) of %s.%s", n_replicas, self.app_name, self.function_name)
         return handles
 
@@ -149,7 +174,12 @@ class ModalExecutor:
         def report(h: ReplicaHandle, status: str) -> dict[str, Any]:
             kind, value = self._outcome[h.metadata["function_call_id"]]
             ok = kind == "succeeded"
-            return {"rank": h.rank, "status": status, "exit_code": 0 if ok else None,
-                    "error": None if ok else value, "result": value if ok else None}
+            return {
+                "rank": h.rank,
+                "status": status,
+                "exit_code": 0 if ok else None,
+                "error": None if ok else value,
+                "result": value if ok else None,
+            }
 
         return collect_by_polling(self, handles, timeout, self.poll_interval_s, report)

@@ -42,11 +42,26 @@ _LEN = struct.Struct("<Q")
 
 # Adapters whose package name differs from what fsspec's registry message says.
 _ADAPTERS = {
-    "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
-    "abfss": "adlfs", "adl": "adlfs", "hf": "huggingface_hub", "sftp": "paramiko", "ssh": "paramiko",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+    "adl": "adlfs",
+    "hf": "huggingface_hub",
+    "sftp": "paramiko",
+    "ssh": "paramiko",
 }
-_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
-                      "DefaultCredentialsError", "ClientAuthenticationError", "InvalidAccessKeyId")
+_CREDENTIAL_ERRORS = (
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "NoAuthTokenError",
+    "DefaultCredentialsError",
+    "ClientAuthenticationError",
+    "InvalidAccessKeyId",
+)
 
 
 class StoreAccessError(RuntimeError):
@@ -79,7 +94,8 @@ def open_store(uri: str, storage_options: Mapping[str, Any] | None = None) -> tu
         raise ImportError(
             f"ObjectStoreAllReduce needs the fsspec adapter for {proto}:// to reach {uri!r}, and it is not "
             f"installed ({exc}). Install it beside composer-replication: `pip install {package}`"
-            + (" (or `pip install -e .[s3]`)" if package == "s3fs" else "") + "."
+            + (" (or `pip install -e .[s3]`)" if package == "s3fs" else "")
+            + "."
         ) from exc
     except ValueError as exc:
         raise ValueError(
@@ -93,14 +109,18 @@ def explain_access_error(exc: BaseException, uri: str) -> BaseException | None:
     """A ``StoreAccessError`` explaining a credentials failure, or ``None`` when ``exc`` is not one."""
     names = {type(e).__name__ for e in _chain(exc)}
     text = " ".join(str(e) for e in _chain(exc))
-    if not (names & set(_CREDENTIAL_ERRORS) or isinstance(exc, PermissionError)
-            or "credentials" in text.lower() or "AccessDenied" in text):
+    if not (
+        names & set(_CREDENTIAL_ERRORS)
+        or isinstance(exc, PermissionError)
+        or "credentials" in text.lower()
+        or "AccessDenied" in text
+    ):
         return None
     proto = protocol_of(uri)
     hint = {
         "s3": "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an IAM role); on Modal or HF "
-              "Jobs pass them as secrets of the executor; check with `python -c \"import s3fs; "
-              "print(s3fs.S3FileSystem().ls('BUCKET'))\"`",
+        'Jobs pass them as secrets of the executor; check with `python -c "import s3fs; '
+        "print(s3fs.S3FileSystem().ls('BUCKET'))\"`",
         "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
         "gcs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
         "hf": "set HF_TOKEN with write access to the repository",
@@ -129,7 +149,9 @@ def encode_tensors(tensors: Sequence[torch.Tensor], meta: Mapping[str, Any]) -> 
         flat = t.detach().to("cpu").contiguous().reshape(-1)
         raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
         bodies.append(raw)
-        specs.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)})
+        specs.append(
+            {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)}
+        )
     body = b"".join(bodies)
     header = dict(meta, tensors=specs, body_nbytes=len(body), sha256=hashlib.sha256(body).hexdigest())
     head = json.dumps(header, sort_keys=True).encode()
@@ -153,18 +175,26 @@ def decode_tensors(data: bytes, expect: Mapping[str, Any]) -> tuple[dict[str, An
         raise CorruptObjectError(f"header is truncated or not JSON ({exc})") from exc
     body = data[start + hlen :]
     if len(body) != header.get("body_nbytes"):
-        raise CorruptObjectError(f"body has {len(body)} bytes, header says {header.get('body_nbytes')} (half-written)")
+        raise CorruptObjectError(
+            f"body has {len(body)} bytes, header says {header.get('body_nbytes')} (half-written)"
+        )
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
         raise CorruptObjectError("body SHA-256 does not match its header (half-written or corrupted)")
     for key, value in expect.items():
         if header.get(key) != value:
-            raise CorruptObjectError(f"object belongs to {key}={header.get(key)!r}, expected {value!r} (stale)")
+            raise CorruptObjectError(
+                f"object belongs to {key}={header.get(key)!r}, expected {value!r} (stale)"
+            )
     tensors, offset = [], 0
     for spec in header["tensors"]:
         dtype = getattr(torch, spec["dtype"])
         chunk = body[offset : offset + spec["nbytes"]]
         offset += spec["nbytes"]
-        flat = torch.frombuffer(bytearray(chunk), dtype=torch.uint8) if chunk else torch.empty(0, dtype=torch.uint8)
+        flat = (
+            torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
+            if chunk
+            else torch.empty(0, dtype=torch.uint8)
+        )
         tensors.append(flat.view(dtype).reshape(spec["shape"]))
     return header, tensors
 

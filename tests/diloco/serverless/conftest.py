@@ -17,12 +17,21 @@ def moto_s3():
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    options = {"key": "testing", "secret": "testing", "skip_instance_cache": True,
-               "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"}}
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "skip_instance_cache": True,
+        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
+    }
     import boto3
 
-    boto3.client("s3", endpoint_url=options["client_kwargs"]["endpoint_url"], region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="bucket")
+    boto3.client(
+        "s3",
+        endpoint_url=options["client_kwargs"]["endpoint_url"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket="bucket")
     try:
         yield options
     finally:

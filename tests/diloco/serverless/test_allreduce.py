@@ -72,8 +72,12 @@ def test_local_paths_are_created_at_construction(tmp_path: Path) -> None:
 
 def test_bfloat16_and_scalars_round_trip() -> None:
     uri = f"memory://bf16-{uuid.uuid4().hex}"
-    out = run_ranks(lambda r: ObjectStoreAllReduce(uri, r, 2, run_id="x", **FAST).allreduce_tensors(
-        [torch.tensor(float(r), dtype=torch.bfloat16), torch.full((2, 2), 2.0 * r)]), 2)
+    out = run_ranks(
+        lambda r: ObjectStoreAllReduce(uri, r, 2, run_id="x", **FAST).allreduce_tensors(
+            [torch.tensor(float(r), dtype=torch.bfloat16), torch.full((2, 2), 2.0 * r)]
+        ),
+        2,
+    )
     for scalar, mat in out:
         assert scalar.dtype == torch.bfloat16 and scalar.item() == 0.5
         assert mat.tolist() == [[1.0, 1.0], [1.0, 1.0]]
@@ -97,7 +101,9 @@ def test_missing_rank_makes_every_rank_raise_naming_it(tmp_path: Path) -> None:
     for r in (0, 1):
         assert isinstance(out[r], RoundTimeoutError), out
         assert isinstance(out[r], TimeoutError)
-        assert out[r].missing == [2] and "rank(s) [2]" in str(out[r]) and "dropped on every rank" in str(out[r])
+        assert (
+            out[r].missing == [2] and "rank(s) [2]" in str(out[r]) and "dropped on every rank" in str(out[r])
+        )
 
 
 def test_a_late_rank_gets_the_same_abort(tmp_path: Path) -> None:
@@ -115,7 +121,9 @@ def test_a_late_rank_gets_the_same_abort(tmp_path: Path) -> None:
 
 def test_rendezvous_never_reads_files_of_an_earlier_run(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/shared"
-    first = run_ranks(lambda r: ObjectStoreAllReduce(uri, r, 2, **FAST).allreduce(torch.full((2,), 10.0 + r)), 2)
+    first = run_ranks(
+        lambda r: ObjectStoreAllReduce(uri, r, 2, **FAST).allreduce(torch.full((2,), 10.0 + r)), 2
+    )
     assert [o.tolist() for o in first] == [[10.5, 10.5]] * 2
 
     # Second run at the same URI: rank 1 starts first and sees the old current_run.json, old ready.json
@@ -166,7 +174,9 @@ def test_half_written_object_that_never_completes_times_out_saying_so(tmp_path: 
     full = encode_tensors([torch.ones(10)], {"run": "hw2", "round": 0, "rank": 1, "name": "tensor"})
     fs.pipe_file(f"{root}/runs/hw2/round_00000000/rank_1.bin", full[:-3])
     with pytest.raises(TimeoutError, match="half-written"):
-        ObjectStoreAllReduce(uri, 0, 2, run_id="hw2", timeout_s=0.3, poll_interval_s=0.01).allreduce(torch.ones(10))
+        ObjectStoreAllReduce(uri, 0, 2, run_id="hw2", timeout_s=0.3, poll_interval_s=0.01).allreduce(
+            torch.ones(10)
+        )
 
 
 def test_codec_rejects_truncation_corruption_and_other_rounds() -> None:
@@ -183,7 +193,9 @@ def test_codec_rejects_truncation_corruption_and_other_rounds() -> None:
 
 def test_ranks_that_disagree_on_shapes_all_raise_the_same_error() -> None:
     uri = f"memory://shape-{uuid.uuid4().hex}"
-    out = run_ranks(lambda r: ObjectStoreAllReduce(uri, r, 2, run_id="s", **FAST).allreduce(torch.ones(2 + r)), 2)
+    out = run_ranks(
+        lambda r: ObjectStoreAllReduce(uri, r, 2, run_id="s", **FAST).allreduce(torch.ones(2 + r)), 2
+    )
     assert all(isinstance(o, ValueError) and "disagree" in str(o) for o in out), out
 
 
@@ -195,8 +207,14 @@ def test_missing_adapter_is_reported_at_first_allreduce_naming_the_package() -> 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"uri": ""}, "uri"), ({"rank": 2}, "rank"), ({"world_size": 0}, "world_size"),
-     ({"timeout_s": 0}, "timeout_s"), ({"round_id": -1}, "round_id"), ({"run_id": "a/b"}, "run_id")],
+    [
+        ({"uri": ""}, "uri"),
+        ({"rank": 2}, "rank"),
+        ({"world_size": 0}, "world_size"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"round_id": -1}, "round_id"),
+        ({"run_id": "a/b"}, "run_id"),
+    ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict, match: str, tmp_path: Path) -> None:
     args = {"uri": str(tmp_path), "rank": 0, "world_size": 2, **kwargs}

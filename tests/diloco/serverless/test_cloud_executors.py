@@ -64,9 +64,24 @@ class FakeFunction:
         fn.app_name, fn.name = app_name, name
         return fn
 
-    def with_options(self, *, cpu=None, memory=None, gpu=None, env=None, secrets=None, volumes={}, retries=None,
-                     max_containers=None, buffer_containers=None, scaledown_window=None, timeout=None,
-                     region=None, cloud=None, routing_region=None):
+    def with_options(
+        self,
+        *,
+        cpu=None,
+        memory=None,
+        gpu=None,
+        env=None,
+        secrets=None,
+        volumes=None,
+        retries=None,
+        max_containers=None,
+        buffer_containers=None,
+        scaledown_window=None,
+        timeout=None,
+        region=None,
+        cloud=None,
+        routing_region=None,
+    ):
         FakeFunction.options = {"gpu": gpu, "timeout": timeout}
         return self
 
@@ -93,20 +108,32 @@ def fake_modal(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_modal_executor_launches_polls_collects(fake_modal) -> None:
-    FakeFunction.scripts = {0: (("running",), ("ok", {"digest": "abc"})), 1: (("raise", RuntimeError("OOM")),)}
+    FakeFunction.scripts = {
+        0: (("running",), ("ok", {"digest": "abc"})),
+        1: (("raise", RuntimeError("OOM")),),
+    }
     ex = ModalExecutor("diloco", poll_interval_s=0.01)
     assert isinstance(ex, ServerlessExecutor)
     args = {"rendezvous_uri": "s3://b/run", "world_size": 2, "trainer_module": "my.trainer"}
-    handles = ex.launch_replicas(2, "composer_replication.diloco.serverless.replica_entrypoint", args,
-                                 gpu="H100", timeout=600)
+    handles = ex.launch_replicas(
+        2, "composer_replication.diloco.serverless.replica_entrypoint", args, gpu="H100", timeout=600
+    )
     assert FakeFunction.options == {"gpu": "H100", "timeout": 600}
-    assert FakeFunction.spawned[1] == {"rank": 1, "entrypoint": "composer_replication.diloco.serverless."
-                                       "replica_entrypoint", "entrypoint_args": args}
+    assert FakeFunction.spawned[1] == {
+        "rank": 1,
+        "entrypoint": "composer_replication.diloco.serverless.replica_entrypoint",
+        "entrypoint_args": args,
+    }
     assert [h.metadata["function_call_id"] for h in handles] == ["fc-0", "fc-1"]
     assert ex.poll(handles[0]) == "running"
     results = ex.collect(handles, timeout=10)
-    assert results[0] == {"rank": 0, "status": "succeeded", "exit_code": 0, "error": None,
-                          "result": {"digest": "abc"}}
+    assert results[0] == {
+        "rank": 0,
+        "status": "succeeded",
+        "exit_code": 0,
+        "error": None,
+        "result": {"digest": "abc"},
+    }
     assert results[1]["status"] == "failed" and results[1]["error"] == "RuntimeError: OOM"
     assert ex.stream_logs(handles[1]) == "rank 1 step 1\n"
 
@@ -144,10 +171,23 @@ class FakeHfApi:
         status = types.SimpleNamespace(stage=stage, message="exit status 1" if stage == "ERROR" else None)
         return types.SimpleNamespace(id=job_id, url=f"https://huggingface.co/jobs/me/{job_id}", status=status)
 
-    def run_job(self, *, image, command, env=None, secrets=None, flavor=None, timeout=None, namespace=None,
-                token=None):
-        FakeHfApi.calls.append(("run_job", {"image": image, "command": command, "env": env, "secrets": secrets,
-                                            "flavor": flavor, "timeout": timeout, "namespace": namespace}))
+    def run_job(
+        self, *, image, command, env=None, secrets=None, flavor=None, timeout=None, namespace=None, token=None
+    ):
+        FakeHfApi.calls.append(
+            (
+                "run_job",
+                {
+                    "image": image,
+                    "command": command,
+                    "env": env,
+                    "secrets": secrets,
+                    "flavor": flavor,
+                    "timeout": timeout,
+                    "namespace": namespace,
+                },
+            )
+        )
         return self._info(f"job{len(FakeHfApi.calls)}", "SCHEDULING")
 
     def inspect_job(self, *, job_id, namespace=None, token=None):
@@ -184,13 +224,24 @@ def test_hf_fake_matches_the_installed_sdk_signatures() -> None:
 
 
 def test_hf_jobs_executor_launches_polls_collects(fake_hf) -> None:
-    ex = HFJobsExecutor("pytorch/pytorch:latest", flavor="a10g-small", secrets={"AWS_ACCESS_KEY_ID": "k"},
-                        setup_command="pip install composer-replication[s3]", poll_interval_s=0.01)
+    ex = HFJobsExecutor(
+        "pytorch/pytorch:latest",
+        flavor="a10g-small",
+        secrets={"AWS_ACCESS_KEY_ID": "k"},
+        setup_command="pip install composer-replication[s3]",
+        poll_interval_s=0.01,
+    )
     args = {"rendezvous_uri": "s3://b/run", "world_size": 2, "trainer_module": "my.trainer"}
-    handles = ex.launch_replicas(2, "composer_replication.diloco.serverless.replica_entrypoint", args, timeout=900)
+    handles = ex.launch_replicas(
+        2, "composer_replication.diloco.serverless.replica_entrypoint", args, timeout=900
+    )
     run = [c for n, c in fake_hf.calls if n == "run_job"]
     assert [c["env"] for c in run] == [{"REPLICA_RANK": "0"}, {"REPLICA_RANK": "1"}]
-    assert run[0]["flavor"] == "a10g-small" and run[0]["timeout"] == 900 and run[0]["secrets"] == {"AWS_ACCESS_KEY_ID": "k"}
+    assert (
+        run[0]["flavor"] == "a10g-small"
+        and run[0]["timeout"] == 900
+        and run[0]["secrets"] == {"AWS_ACCESS_KEY_ID": "k"}
+    )
     assert run[0]["command"][:2] == ["bash", "-c"] and run[0]["command"][2].startswith("pip install")
     fake_hf.stages = {"job1": ["SCHEDULING", "RUNNING", "COMPLETED"], "job2": ["RUNNING", "ERROR"]}
     assert ex.poll(handles[0]) == "pending" and ex.poll(handles[1]) == "running"

@@ -42,7 +42,9 @@ def test_mock_manager_has_every_member_torchft_diloco_touches() -> None:
     assert {"allreduce", "should_commit", "start_quorum", "current_step", "_use_async_quorum"} <= used, used
     mgr = MockManager(ObjectStoreAllReduce("memory://surface", 0, 1))
     missing = sorted(m for m in used if not hasattr(mgr, m))
-    assert not missing, f"torchft DiLoCo uses manager members MockManager lacks: {missing}; update MockManager"
+    assert not missing, (
+        f"torchft DiLoCo uses manager members MockManager lacks: {missing}; update MockManager"
+    )
     assert mgr._use_async_quorum is False
     assert {"num_participants", "rank"} <= set(dir(mgr))
 
@@ -114,8 +116,13 @@ def test_diloco_in_threads_matches_the_outer_sgd_formula() -> None:
 @pytest.mark.parametrize("bucketized", [False, True])
 def test_two_processes_running_torchft_diloco_end_bit_identical(tmp_path: Path, bucketized: bool) -> None:
     ex = LocalProcessExecutor(log_dir=tmp_path / "logs")
-    args = {"uri": f"file://{tmp_path}/store", "world_size": 2, "run_id": "bits", "rounds": 3,
-            "bucketized": bucketized}
+    args = {
+        "uri": f"file://{tmp_path}/store",
+        "world_size": 2,
+        "run_id": "bits",
+        "rounds": 3,
+        "bucketized": bucketized,
+    }
     results = ex.collect(ex.launch_replicas(2, diloco_replica, args), timeout=240)
     assert [r["status"] for r in results] == ["succeeded"] * 2, results
     a, b = (r["result"] for r in results)

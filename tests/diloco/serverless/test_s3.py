@@ -35,8 +35,15 @@ def test_s3_ranks_agree_on_the_mean_with_rendezvous(moto_s3: dict, world_size: i
 
 
 def test_s3_missing_rank_is_named(moto_s3: dict) -> None:
-    ar = ObjectStoreAllReduce(f"s3://bucket/{uuid.uuid4().hex}", 0, 2, run_id="m", timeout_s=0.3,
-                              poll_interval_s=0.02, storage_options=moto_s3)
+    ar = ObjectStoreAllReduce(
+        f"s3://bucket/{uuid.uuid4().hex}",
+        0,
+        2,
+        run_id="m",
+        timeout_s=0.3,
+        poll_interval_s=0.02,
+        storage_options=moto_s3,
+    )
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):
         ar.allreduce(torch.ones(2))
 

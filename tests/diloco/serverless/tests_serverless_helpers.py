@@ -50,10 +50,19 @@ def mlp(seed: int = 0) -> torch.nn.Module:
 # ---------------------------------------------------------------------------- replica functions
 
 
-def diloco_replica(*, uri: str, world_size: int, run_id: str, rounds: int, sync_every: int = 3,
-                   crash_rank: int | None = None, crash_round: int | None = None,
-                   max_dropped_rounds: int | None = None, timeout_s: float = 5.0,
-                   bucketized: bool = False) -> dict:
+def diloco_replica(
+    *,
+    uri: str,
+    world_size: int,
+    run_id: str,
+    rounds: int,
+    sync_every: int = 3,
+    crash_rank: int | None = None,
+    crash_round: int | None = None,
+    max_dropped_rounds: int | None = None,
+    timeout_s: float = 5.0,
+    bucketized: bool = False,
+) -> dict:
     """Real torchft DiLoCo over MockManager(ObjectStoreAllReduce); returns per-round digests."""
     from torchft.local_sgd import DiLoCo
 
@@ -64,8 +73,15 @@ def diloco_replica(*, uri: str, world_size: int, run_id: str, rounds: int, sync_
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if bucketized:
         outer_opt = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-        outer = DiLoCo(manager, [model], inner, outer_opt, sync_every=sync_every, use_bucketization=True,
-                       bucket_cap_mb=1 * 1024 * 1024)
+        outer = DiLoCo(
+            manager,
+            [model],
+            inner,
+            outer_opt,
+            sync_every=sync_every,
+            use_bucketization=True,
+            bucket_cap_mb=1 * 1024 * 1024,
+        )
     else:
         outer = make_diloco_outer_loop(manager, [model], inner, sync_every=sync_every)
     g = torch.Generator().manual_seed(1000 + rank)  # each replica sees different data
@@ -81,14 +97,20 @@ def diloco_replica(*, uri: str, world_size: int, run_id: str, rounds: int, sync_
             inner.step()
             if (step + 1) % sync_every == 0:
                 digests.append(digest(model))
-    return {"digests": digests, "committed": manager.current_step(), "dropped": manager.dropped_rounds,
-            "params": [p.detach().clone() for p in model.parameters()]}
+    return {
+        "digests": digests,
+        "committed": manager.current_step(),
+        "dropped": manager.dropped_rounds,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
 
 
 def allreduce_trainer(*, allreduce: ObjectStoreAllReduce, rounds: int) -> list[float]:
     """Trainer for replica_entrypoint: reduce the rank as a scalar, ``rounds`` times."""
-    return [allreduce.allreduce(torch.tensor([float(allreduce.rank + k)]), name=f"r{k}").item()
-            for k in range(rounds)]
+    return [
+        allreduce.allreduce(torch.tensor([float(allreduce.rank + k)]), name=f"r{k}").item()
+        for k in range(rounds)
+    ]
 
 
 def ok(value: int) -> dict:
