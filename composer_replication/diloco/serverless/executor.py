@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -236,7 +237,11 @@ class LocalProcessExecutor:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if gpu is not None:
-            log.warning("LocalProcessExecutor ignores gpu=%r: local replicas share the visible devices", gpu)
+            warnings.warn(
+                f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share the visible devices",
+                UserWarning,
+                stacklevel=2,
+            )
         if isinstance(entrypoint, str):
             resolve_entrypoint(entrypoint)  # fail here, not in N children
         args = dict(entrypoint_args)

@@ -88,11 +88,12 @@ def test_bad_entrypoints_fail_at_launch(ex: LocalProcessExecutor) -> None:
         ex.launch_replicas(0, helpers.ok, {})
 
 
-def test_rank_env_is_configurable(ex: LocalProcessExecutor) -> None:
-    results = ex.collect(
-        ex.launch_replicas(2, helpers.rank_from, {"var": "MY_RANK", "rank_env": "MY_RANK"}), timeout=60
-    )
-    assert [r["result"] for r in results] == ["0", "1"]
+def test_rank_env_is_configurable_and_gpu_only_warns(ex: LocalProcessExecutor) -> None:
+    with pytest.warns(UserWarning, match="ignores gpu='H100'"):
+        handles = ex.launch_replicas(
+            2, helpers.rank_from, {"var": "MY_RANK", "rank_env": "MY_RANK"}, gpu="H100"
+        )
+    assert [r["result"] for r in ex.collect(handles, timeout=60)] == ["0", "1"]
 
 
 def test_replica_entrypoint_runs_replicas_through_the_store(ex: LocalProcessExecutor, tmp_path: Path) -> None:

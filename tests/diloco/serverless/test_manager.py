@@ -130,3 +130,34 @@ def test_two_processes_running_torchft_diloco_end_bit_identical(tmp_path: Path, 
     assert a["digests"] == b["digests"]  # identical after every round
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     assert any(not torch.equal(x, y) for x, y in zip(a["params"], mlp().parameters()))  # it trained
+
+
+def test_streaming_diloco_two_fragments_with_delay_stays_in_step() -> None:
+    """Streaming DiLoCo (2 fragments, sync delay 1): fragments sync in turn, each bit-identical once synced."""
+    from composer_replication.diloco import make_diloco_outer_loop
+
+    uri = f"memory://stream-{uuid.uuid4().hex}"
+
+    def replica(r: int):
+        model = mlp()
+        frags = [model[0], model[2]]
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        mgr = MockManager(ObjectStoreAllReduce(uri, r, 2, run_id="s", timeout_s=10, poll_interval_s=0.01))
+        g = torch.Generator().manual_seed(r)
+        snapshots = []
+        with make_diloco_outer_loop(mgr, frags, inner, sync_every=4, fragment_sync_delay=1):
+            for step in range(8):
+                x = torch.randn(8, 4, generator=g)
+                inner.zero_grad()
+                model(x).pow(2).mean().backward()
+                inner.step()
+                if (step + 1) % 2 == 0:  # a fragment has just synced
+                    snapshots.append([[p.detach().clone() for p in f.parameters()] for f in frags])
+        return snapshots, mgr.current_step()
+
+    (snap0, step0), (snap1, step1) = run_ranks(replica, 2)
+    assert step0 == step1 == 4
+    for k, (s0, s1) in enumerate(zip(snap0, snap1)):
+        synced = k % 2  # current_step() % 2 picks the fragment: 0, 1, 0, 1
+        assert all(torch.equal(a, b) for a, b in zip(s0[synced], s1[synced])), k
+        assert any(not torch.equal(a, b) for a, b in zip(s0[1 - synced], s1[1 - synced])), k
