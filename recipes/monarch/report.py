@@ -5,7 +5,7 @@
 
 Reads the run folder's ``metrics.jsonl`` (one row per step, the scheme of docs/recipes.md, "Metrics") and
 ``summary.json`` when it is there (a run still going has none yet), and draws with matplotlib's Agg
-backend (no display needed):
+backend (no display, no pyplot state):
 
 - one panel per loss channel, under the name of the loss that ran (``loss/grpo`` or ``loss/lm_ce``;
   ``loss/jsd``, ``loss/taid`` or ``loss/entropy_opd``; ``loss/dpo`` or ``loss/simpo``), then ``loss/total``;
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReportError", "RunRecord", "load_run", "write_report", "recipe_report", "main"]
+__all__ = ["ReportError", "RunRecord", "load_run", "report_figure", "write_report", "recipe_report", "main"]
 
 # Channel of each loss name (docs/recipes.md, Metrics); a name not listed here gets its own panel.
 CHANNELS = {"grpo": 1, "lm_ce": 1, "jsd": 2, "taid": 2, "entropy_opd": 2, "dpo": 3, "simpo": 3}
@@ -250,16 +250,16 @@ def _title(rec: RunRecord) -> str:
     return ", ".join(parts)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw the run in ``run_dir`` and write the PNG to ``out`` (default ``<run_dir>/report.png``); its path.
+def report_figure(run_dir: str | Path) -> Any:
+    """The run's picture as a ``matplotlib.figure.Figure`` on an Agg canvas (a notebook shows it inline).
+
+    Uses no pyplot state and changes no backend, so it is safe in a notebook kernel and in threads.
 
     Raises:
         ReportError: see :func:`load_run`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)  # files only: never a window, also inside a notebook kernel
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     rec = load_run(run_dir)
@@ -272,22 +272,30 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         panels.append(lambda ax: _panel_diloco(ax, rec))
     cols = 3
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
-    try:
-        for ax, draw in zip(axes.flat, panels):
-            draw(ax)
-            ax.set_xlabel("step", fontsize=8)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(panels) :]:
-            ax.set_visible(False)
-        fig.suptitle(_title(rec), fontsize=10)
-        fig.tight_layout()
-        target = Path(out) if out is not None else rec.path / "report.png"
-        fig.savefig(target, dpi=90)
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=(4.2 * cols, 2.9 * rows))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, draw in zip(axes.flat, panels):
+        draw(ax)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(_title(rec), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw the run in ``run_dir`` and write the PNG to ``out`` (default ``<run_dir>/report.png``); its path.
+
+    Raises:
+        ReportError: see :func:`load_run`.
+    """
+    target = Path(out) if out is not None else Path(run_dir) / "report.png"
+    report_figure(run_dir).savefig(target, dpi=90)
     return target
 
 
