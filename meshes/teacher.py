@@ -1,10 +1,12 @@
 """The ``TeacherReplay`` actor: hosts the teacher backends and streams DPO pairs back as they form.
 
 A thin async shell over :class:`composer_replication.teacher_replay.TeacherReplayer` (HTTP teachers
-through any OpenAI-compatible endpoint, or ``local:<model>`` in-process, offline, cost 0):
+through any OpenAI-compatible endpoint, ``local:<model>`` in-process, or ``recorded``: the session's own
+action; the last two offline, cost 0):
 
 - ``setup(teachers, ...)`` builds the replayer (validates the teacher list; resolves the API key,
-  which never leaves this process);
+  which never leaves this process); with ``student={...}`` it also loads the student model, whose own
+  sampled action at each state is the rejected side of the pairs (the ``recorded`` teacher's mode);
 - ``replay(states, port=..., max_total_usd=..., ledger_path=...)`` replays every state against every
   teacher under the hard budget, appending each finished call to the JSONL ledger (a killed replay
   resumes without paying twice), and, as soon as every teacher has answered a state, extracts that
@@ -48,19 +50,30 @@ class TeacherReplay(Actor):
         local_device: str = "cpu",
         inject_fault: str | None = None,
         threads: int = 0,
+        student: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Build the ``TeacherReplayer`` (``local:`` models load lazily on the first replay).
+
+        ``student``: ``{"model", "model_seed", "max_new_tokens", "temperature", "top_p", "seed"}``
+        (``RecipeConfig.student_samples()``), or ``None`` to keep the recorded action as the rejected side.
 
         Returns ``{"rank", "pid", "teachers"}``.
         """
         import torch
 
-        from composer_replication.teacher_replay import TeacherReplayer
+        from composer_replication.teacher_replay import LocalTeacher, TeacherReplayer
+        from composer_replication.teacher_replay.recorded import StudentSampling
 
         if threads > 0:
             torch.set_num_threads(threads)
+        sampler, sampling = None, None
+        if student:
+            s = dict(student)
+            sampler = LocalTeacher(s.pop("model"), model_seed=s.pop("model_seed", 0), device=local_device)
+            sampling = StudentSampling(**s)
         self.replayer = TeacherReplayer(teachers, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                        timeout_s=timeout_s, local_device=local_device)
+                                        timeout_s=timeout_s, local_device=local_device, student=sampler,
+                                        student_sampling=sampling)
         self.agreement_threshold = agreement_threshold
         self.fault = FaultSpec(inject_fault) if inject_fault else None
         return {"rank": self.rank, "pid": os.getpid(), "teachers": [t["slug"] for t in self.replayer.teachers]}
@@ -86,8 +99,11 @@ class TeacherReplay(Actor):
 
         if self.fault is not None:
             self.fault.maybe_fire("teacher", self.rank, 0)
-        collector = PairCollector(states, num_teachers=len(self.replayer.teachers),
-                                  agreement_threshold=self.agreement_threshold)
+        rp = self.replayer  # the student's own actions first: the rejected side of the pairs (recorded mode)
+        samples = await rp.sample_student(states) if rp.student is not None else None
+        collector = PairCollector(states, num_teachers=len(rp.teachers), agreement_threshold=self.agreement_threshold,
+                                  student_actions=samples,
+                                  student_meta=rp.student_sampling.metadata(0) if samples is not None else None)
         formed: dict[str, Any] = {}
         errors: dict[str, int] = {}
 

@@ -12,6 +12,10 @@ from the ledger without paying again for finished calls.
 
 Prices: a slug of ``DEFAULT_TEACHERS`` uses its prices, ``local:`` teachers cost 0, any other slug
 needs ``--price-in`` and ``--price-out`` (USD per million tokens; they apply to every unknown slug).
+
+The ``recorded`` teacher (cost 0) answers with each state's recorded action; with it, give the student
+(``--student local:<model>``): its own sampled action at each state is the rejected side of the pairs
+(``teacher_replay.recorded``), e.g. ``--teachers recorded --agreement 1 --student local:smollm2-135m``.
 Exit status: 0 when at least one call succeeded, 1 when every call failed, 2 on bad arguments.
 """
 
@@ -31,8 +35,9 @@ from typing import Any
 from composer_replication.atomic import atomic_write_text
 from composer_replication.teacher_replay.keys import MissingAPIKeyError
 from composer_replication.teacher_replay.ledger import LedgerLockedError
-from composer_replication.teacher_replay.local import LOCAL_PREFIX
+from composer_replication.teacher_replay.local import LOCAL_PREFIX, LocalTeacher, local_model_name
 from composer_replication.teacher_replay.pairs import extract_dpo_pairs, save_pairs
+from composer_replication.teacher_replay.recorded import StudentSampling, sample_student_actions
 from composer_replication.teacher_replay.replay import ReplayProgress, replay_trace_sync
 from composer_replication.teacher_replay.specs import DEFAULT_TEACHERS, error_kind
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
@@ -92,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=_finite, default=None, help="sampling temperature sent to every teacher"
     )
     ap.add_argument("--seed", type=int, default=None, help="sampling seed sent to every teacher")
+    ap.add_argument("--student", default=None, metavar="local:MODEL",
+                    help="the student model; its own sampled action at each state becomes the rejected side "
+                         "(needed by the 'recorded' teacher)")
+    ap.add_argument("--student-max-tokens", type=int, default=48, help="length cap of a student sample (default 48)")
+    ap.add_argument("--student-temperature", type=_finite, default=1.0,
+                    help="sampling temperature of the student's samples (default 1.0)")
     ap.add_argument("--max-concurrency", type=int, default=32, help="calls in flight over all teachers")
     ap.add_argument("--per-teacher-concurrency", type=int, default=8, help="calls in flight per teacher")
     ap.add_argument(
@@ -142,7 +153,7 @@ def resolve_teachers(
             continue
         if slug in known:
             spec: TeacherSpec = dict(known[slug])  # type: ignore[assignment]
-        elif slug.startswith(LOCAL_PREFIX):
+        elif slug.startswith(LOCAL_PREFIX) or slug == "recorded":
             spec = {"slug": slug, "input_per_mtok": price_in or 0.0, "output_per_mtok": price_out or 0.0}
         elif price_in is None or price_out is None:
             raise ValueError(
@@ -151,7 +162,7 @@ def resolve_teachers(
             )
         else:
             spec = {"slug": slug, "input_per_mtok": price_in, "output_per_mtok": price_out}
-        if base_url and not slug.startswith(LOCAL_PREFIX):
+        if base_url and not slug.startswith(LOCAL_PREFIX) and slug != "recorded":
             spec["base_url"] = base_url
         out.append(spec)
     if not out:
@@ -261,6 +272,15 @@ def _log_to_stderr() -> None:
         pkg.addHandler(handler)
 
 
+def _student(args: argparse.Namespace) -> tuple[LocalTeacher | None, StudentSampling | None]:
+    """The ``--student`` model (loaded on first use) and how its samples are drawn, or ``(None, None)``."""
+    if args.student is None:
+        return None, None
+    sampling = StudentSampling(max_new_tokens=args.student_max_tokens, temperature=args.student_temperature,
+                               seed=args.seed or 0)
+    return LocalTeacher(local_model_name(args.student)), sampling
+
+
 def _make_normalizer(recipe: str | None) -> Any:
     """``replaysim.DJNormalizer`` for ``--normalize [RECIPE]`` (built before any call is paid), else None."""
     if recipe is None:
@@ -299,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             args.teachers, base_url=args.base_url, price_in=args.price_in, price_out=args.price_out
         )
         states = load_states(args.states)
+        student, sampling = _student(args)
         display = _Display(len(states) * len(teachers), args.budget, enabled=not args.no_progress)
         with display.progress:
             results = replay_trace_sync(
@@ -316,11 +337,16 @@ def main(argv: list[str] | None = None) -> int:
                 temperature=args.temperature,
                 seed=args.seed,
                 progress=display,
+                student=student,
+                student_sampling=sampling,
             )
+        samples = sample_student_actions(student, states, sampling) if student is not None else None
     except (ValueError, MissingAPIKeyError, FileNotFoundError, LedgerLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pairs: list[dict[str, Any]] = [dict(p) for p in extract_dpo_pairs(states, results, args.agreement)]
+    pairs: list[dict[str, Any]] = [dict(p) for p in extract_dpo_pairs(
+        states, results, args.agreement, student_actions=samples,
+        student_meta=sampling.metadata(0) if samples is not None else None)]
     if normalizer is not None:
         pairs = [dataclasses.asdict(n) for n in normalizer.normalize(pairs)]
     save_pairs(pairs, args.out)  # type: ignore[arg-type]

@@ -85,8 +85,10 @@ class DataConfig:
 class TeachersConfig:
     """Teacher replay (channel 3 data)."""
 
-    slugs: list[str] = field(default_factory=lambda: ["local:smollm2-135m"])
-    """Teachers: ``local:<model>`` (offline, cost 0) or OpenRouter-style ``author/model`` slugs."""
+    slugs: list[str] = field(default_factory=lambda: ["recorded"])
+    """Teachers: ``recorded`` (the session's recorded action: distil the agent that recorded the traces, offline,
+    cost 0), OpenRouter-style ``author/model`` slugs (frontier teachers replay the traces), or ``local:<model>``
+    (an in-process model, offline, cost 0). ``recorded`` counts as one teacher toward ``agreement_threshold``."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for every non-local teacher (``null``: OpenRouter; key from ``$OPENROUTER_API_KEY``)."""
     input_per_mtok: float = 0.0
@@ -107,7 +109,13 @@ class TeachersConfig:
     timeout_s: float = 120.0
     """Per-request timeout of HTTP teachers."""
     normalize: bool = True
-    """Run the replaysim normalizer (the bundled default recipe) on the pairs."""
+    """Run the replaysim normalizer (the bundled default recipe: drops degenerate teacher output) on the pairs."""
+    student_samples: Literal["auto", "always", "never"] = "auto"
+    """The rejected side of a pair. ``always``: the student's own action at the state, sampled from ``student.model``
+    with the student's rollout settings (``student.rollout.max_new_tokens`` / ``temperature`` / ``top_p``, seed
+    ``teachers.seed``); on-policy, and re-sampled during training every ``student.rollout.pair_refresh_every``
+    steps. ``never``: the session's recorded action (frontier teachers replaying the student's recorded traces).
+    ``auto``: ``always`` when ``recorded`` is listed, else ``never``."""
 
 
 @dataclass(kw_only=True)
@@ -175,7 +183,10 @@ class RecipeConfig:
                 f"teachers in 'teachers.slugs' ({len(self.teachers.slugs)}); lower it or add teachers"
             )
         if not self.teachers.slugs:
-            raise ValueError("'teachers.slugs' must list at least one teacher (e.g. ['local:smollm2-135m'])")
+            raise ValueError("'teachers.slugs' must list at least one teacher (e.g. ['recorded'])")
+        if "recorded" in self.teachers.slugs and self.teachers.student_samples == "never":
+            raise ValueError("'teachers.slugs' lists 'recorded' but 'teachers.student_samples' is 'never': the rejected "
+                             "side would be the recorded action itself; set teachers.student_samples=auto")
         if self.teachers.max_total_usd < 0 or self.teachers.temperature < 0:
             raise ValueError("'teachers.max_total_usd' and 'teachers.temperature' must be >= 0")
         if self.run.checkpoint_every < 0:
@@ -193,13 +204,22 @@ class RecipeConfig:
                 f"({self.student.max_seq_len}): prompt and response must fit in one sequence"
             )
 
+    def student_samples(self) -> dict[str, Any] | None:
+        """What the teacher actor needs to sample the student's own actions (``teachers.student_samples``), or
+        ``None`` when the rejected side is the recorded action."""
+        t, r = self.teachers, self.student.rollout
+        if t.student_samples == "never" or (t.student_samples == "auto" and "recorded" not in t.slugs):
+            return None
+        return {"model": self.student.model, "model_seed": self.student.seed, "max_new_tokens": r.max_new_tokens,
+                "temperature": r.temperature, "top_p": r.top_p, "seed": t.seed}
+
     def teacher_specs(self) -> list[dict[str, Any]]:
-        """The ``TeacherSpec`` list of ``teachers.slugs`` (local teachers cost 0)."""
+        """The ``TeacherSpec`` list of ``teachers.slugs`` (local and recorded teachers cost 0)."""
         t, out = self.teachers, []
         for slug in t.slugs:
             spec: dict[str, Any] = {"slug": slug, "input_per_mtok": 0.0, "output_per_mtok": 0.0,
                                     "max_tokens": t.max_tokens, "temperature": t.temperature}
-            if not slug.startswith("local:"):
+            if not slug.startswith("local:") and slug != "recorded":
                 spec.update(input_per_mtok=t.input_per_mtok, output_per_mtok=t.output_per_mtok)
                 if t.base_url:
                     spec["base_url"] = t.base_url

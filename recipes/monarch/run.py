@@ -51,15 +51,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Display, resuming: bool):
-    """Pairs for channel 3: streamed from the TeacherReplay actor (or read back from pairs.jsonl on resume)."""
+    """Pairs for channel 3: streamed from the TeacherReplay actor (or read back from pairs.jsonl on resume), the
+    replay's spend, and the normalizer's drops per reason (``replay/dropped/<reason>``; ``{}`` when not replayed)."""
     from monarch.actor import Channel
 
     if resuming and run.pairs_path.is_file():
-        return load_pairs(run.pairs_path), ledger_spend(run.path / "teacher_ledger.jsonl")
+        return load_pairs(run.pairs_path), ledger_spend(run.path / "teacher_ledger.jsonl"), {}
     if cfg.data.pairs:  # pairs written earlier (e.g. by `python -m composer_replication.teacher_replay`)
         pairs = load_pairs(resolve_path(cfg.data.pairs))
         run.write_pairs(pairs)
-        return pairs, 0.0
+        return pairs, 0.0, {}
     port, recv = Channel.open()
     fut = teacher.replay.call_one(states, port=port, max_total_usd=cfg.teachers.max_total_usd,
                                   ledger_path=str(run.path / "teacher_ledger.jsonl"))
@@ -73,9 +74,10 @@ def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Displ
         return item[0] == "done"
 
     out = stream(recv, fut, actor="teacher", timeout_s=cfg.mesh.replay_timeout_s, what="replay", on_item=on_item)
-    pairs = DJNormalizer(skip_dj=not cfg.teachers.normalize).normalize(out["pairs"])
+    normalizer = DJNormalizer(skip_dj=not cfg.teachers.normalize)  # drops degenerate teacher output, counted
+    pairs = normalizer.normalize(out["pairs"])
     run.write_pairs(pairs)
-    return pairs, out["spent_usd"]
+    return pairs, out["spent_usd"], normalizer.last_report.drop_counts("replay/dropped/")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg.teacher_specs(), agreement_threshold=t.agreement_threshold, max_tokens=t.max_tokens,
             temperature=t.temperature, seed=t.seed, timeout_s=t.timeout_s,
             local_device="cuda" if cfg.student.device != "cpu" and _cuda() else "cpu",
-            inject_fault=m.inject_fault, threads=m.threads_per_proc), actor="teacher", timeout_s=m.setup_timeout_s,
-            what="setup")
+            inject_fault=m.inject_fault, threads=m.threads_per_proc, student=cfg.student_samples()),
+            actor="teacher", timeout_s=m.setup_timeout_s, what="setup")
         # ------------------------------------------------------------ teacher replay -> pairs
         display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
-        pairs, spent = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
+        pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
         display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
         setup = wait(trainer.setup.call(
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         on_step=lambda step, metrics: display.step(step, metrics, spent),
                         on_resume=lambda step: display.message(f"resumed at step {step}"),
                         summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": len(pairs),
-                                       "replay/spent_usd": spent})
+                                       "replay/spent_usd": spent, **dropped})
         display.summary(summary)
         display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
         return 0

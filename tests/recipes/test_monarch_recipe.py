@@ -93,7 +93,7 @@ def test_pairs_written_by_the_replay_cli_train_in_the_recipe(tmp_path):
     states = [dict(s) for s in ingest_any(sorted((REPO / "composer_replication" / "data" / "sessions" / "train").glob("*.jsonl"))[0])][:3]
     (tmp_path / "states.jsonl").write_text("".join(json.dumps(s) + "\n" for s in states))
     cli = subprocess.run([sys.executable, "-m", "composer_replication.teacher_replay", str(tmp_path / "states.jsonl"),
-                          "--teachers", "local:tiny", "--agreement", "1", "--budget", "0", "--max-tokens", "16",
+                          "--teachers", "recorded", "--student", "local:tiny", "--agreement", "1", "--budget", "0",
                           "--ledger", str(tmp_path / "ledger.jsonl"), "--out", str(tmp_path / "pairs.jsonl"),
                           "--normalize"], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
