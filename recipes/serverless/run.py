@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="stop after this many consecutive dropped rounds (default: go on)",
     )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=None,
+        help="elastic membership: a round commits with at least this many replicas (default: all)",
+    )
     p.add_argument("--run-timeout-s", type=int, default=1800, help="kill replicas still running after this")
     args = p.parse_args(argv)
     if args.replicas < 1 or args.steps < 1 or args.sync_every < 1 or args.steps % args.sync_every:
@@ -57,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"need --replicas >= 1 and --steps ({args.steps}) a positive multiple of --sync-every "
             f"({args.sync_every}), so that the run ends on an outer step"
         )
+    if args.min_replicas is not None and not 1 <= args.min_replicas <= args.replicas:
+        p.error(f"--min-replicas must be in [1, --replicas={args.replicas}], got {args.min_replicas}")
     return args
 
 
@@ -69,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "world_size": args.replicas,
         "trainer_module": "recipes.serverless.trainer",
         "run_id": run_id,
+        "min_world_size": args.min_replicas,
         "timeout_s": args.timeout_s,
         "poll_interval_s": args.poll_interval_s,
         "trainer_kwargs": {

@@ -17,19 +17,21 @@ passes. The first rank to finish proposes ``commit`` (all objects complete) or `
 ranks) by creating ``decision.json`` exclusively; every rank obeys whichever decision won. So either every
 rank averages the same objects, summed in rank order in float64 (bit-identical results), or every rank
 raises the same ``TimeoutError``: replicas never diverge. Objects of another run or round, or half-written
-ones, fail their header and SHA-256 check and are never read as current.
+ones, fail their header and SHA-256 check and are never read as current. With ``min_world_size`` below
+``world_size`` membership is elastic: a round commits with the ranks that made it in time (at least
+``min_world_size``), every rank adopting that mean, and later rounds wait only for those ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from composer_replication.diloco.serverless.rendezvous import RoundTimeoutError, rendezvous
 from composer_replication.diloco.serverless.store import (
     CorruptObjectError,
     create_exclusive,
@@ -46,15 +48,6 @@ from composer_replication.diloco.serverless.store import (
 __all__ = ["ObjectStoreAllReduce", "RoundTimeoutError"]  # MockManager: lazy, see __getattr__
 
 log = logging.getLogger(__name__)
-
-
-class RoundTimeoutError(TimeoutError):
-    """A round was aborted on every rank; ``missing`` lists the ranks whose object never arrived."""
-
-    def __init__(self, message: str, *, round_id: int, missing: list[int]) -> None:
-        super().__init__(message)
-        self.round_id = round_id
-        self.missing = missing
 
 
 class ObjectStoreAllReduce:
@@ -74,6 +67,11 @@ class ObjectStoreAllReduce:
             left by an earlier run is never taken as current.
         storage_options: keyword arguments for the fsspec filesystem (e.g. ``{"client_kwargs":
             {"endpoint_url": ...}}`` for an S3-compatible server).
+        min_world_size: ``None`` (default, strict): a round needs every rank. An int ``m < world_size``
+            makes membership elastic: a round whose wait ends with at least ``m`` complete objects commits
+            with those ranks (the mean is over them, on every rank alike), and the next rounds wait only for
+            the ranks of the last committed round (a rank that comes back is included when its object is
+            there in time). ``.last_participants`` lists the ranks of the last committed round.
         keep_objects: keep every round's objects (default: a rank deletes its previous object once a
             later round commits, when no rank can still need it).
 
@@ -94,6 +92,7 @@ class ObjectStoreAllReduce:
         run_id: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         keep_objects: bool = False,
+        min_world_size: int | None = None,
     ) -> None:
         if not isinstance(uri, str) or not uri.strip():
             raise ValueError(f"uri must be a non-empty store prefix such as 'file:///tmp/run1', got {uri!r}")
@@ -112,6 +111,14 @@ class ObjectStoreAllReduce:
         self.uri, self.rank, self.world_size = uri.rstrip("/"), rank, world_size
         self.timeout_s, self.poll_interval_s = float(timeout_s), float(poll_interval_s)
         self.keep_objects = keep_objects
+        if min_world_size is not None and not (
+            isinstance(min_world_size, int) and 1 <= min_world_size <= world_size
+        ):
+            raise ValueError(
+                f"min_world_size must be None or an int in [1, world_size={world_size}], got {min_world_size!r}"
+            )
+        self.min_world_size = world_size if min_world_size is None else min_world_size
+        self.last_participants: list[int] = list(range(world_size))
         self._round_id = round_id or 0
         self._run_id = run_id
         self._storage_options = dict(storage_options or {})
@@ -178,7 +185,9 @@ class ObjectStoreAllReduce:
         fs, root = open_store(self.uri, self._storage_options)
         try:
             if self._run_id is None:
-                self._run_id = self._rendezvous(fs, root)
+                self._run_id = rendezvous(
+                    fs, root, self.rank, self.world_size, self.timeout_s, self.poll_interval_s, self.uri
+                )
             fs.makedirs(f"{root}/runs/{self._run_id}", exist_ok=True)
         except (ImportError, TimeoutError):
             raise
@@ -189,53 +198,6 @@ class ObjectStoreAllReduce:
             raise
         self._fs, self._prefix = fs, f"{root}/runs/{self._run_id}"
         log.info("rank %d/%d joined run %s at %s", self.rank, self.world_size, self._run_id, self.uri)
-
-    def _rendezvous(self, fs: Any, root: str) -> str:
-        """Agree on a fresh run id with no launcher: rank 0 draws it, followers prove they saw it."""
-        deadline = time.monotonic() + self.timeout_s
-        current = f"{root}/current_run.json"
-        if self.rank == 0:
-            run_id = uuid.uuid4().hex[:16]
-            write_atomic(fs, current, dump_json({"run": run_id}))
-            nonces = {}
-            while len(nonces) < self.world_size - 1:
-                for r in range(1, self.world_size):
-                    joined = r in nonces or read_json(fs, f"{root}/runs/{run_id}/join/rank_{r}.json")
-                    if isinstance(joined, dict):
-                        nonces[r] = joined["nonce"]
-                if len(nonces) < self.world_size - 1:
-                    if time.monotonic() >= deadline:
-                        missing = [r for r in range(1, self.world_size) if r not in nonces]
-                        raise RoundTimeoutError(
-                            f"rendezvous at {self.uri}: rank(s) {missing} did not join run {run_id} within "
-                            f"{self.timeout_s:g} s; start every replica, or raise timeout_s",
-                            round_id=-1,
-                            missing=missing,
-                        )
-                    time.sleep(self.poll_interval_s)
-            ready = {"run": run_id, "nonces": {str(r): n for r, n in nonces.items()}}
-            write_atomic(fs, f"{root}/runs/{run_id}/ready.json", dump_json(ready))
-            return run_id
-        nonce, joined_run = uuid.uuid4().hex, None
-        while True:
-            cur = read_json(fs, current)
-            if cur is not None and cur["run"] != joined_run:
-                joined_run = cur["run"]
-                write_atomic(
-                    fs, f"{root}/runs/{joined_run}/join/rank_{self.rank}.json", dump_json({"nonce": nonce})
-                )
-            if joined_run is not None:
-                ready = read_json(fs, f"{root}/runs/{joined_run}/ready.json")
-                if ready is not None and ready["nonces"].get(str(self.rank)) == nonce:
-                    return joined_run
-            if time.monotonic() >= deadline:
-                raise RoundTimeoutError(
-                    f"rendezvous at {self.uri}: rank 0 did not start a run that acknowledged rank {self.rank} "
-                    f"within {self.timeout_s:g} s; start rank 0, or pass the same run_id to every rank",
-                    round_id=-1,
-                    missing=[0],
-                )
-            time.sleep(self.poll_interval_s)
 
     # ------------------------------------------------------------------------ one round
 
@@ -281,8 +243,16 @@ class ObjectStoreAllReduce:
                 round_id=round_id,
                 missing=missing,
             )
+        participants = list(decision.get("participants", range(self.world_size)))
+        if decision["missing"]:
+            log.warning(
+                "round %d committed with ranks %s; rank(s) %s missing",
+                round_id,
+                participants,
+                decision["missing"],
+            )
         deadline = time.monotonic() + self.timeout_s
-        for r in range(self.world_size):  # a rank that proposed abort but lost the race reads the rest now
+        for r in participants:  # a rank that proposed abort but lost the race reads the rest now
             while r not in got:
                 try:
                     got[r] = self._read(round_id, r, expect)
@@ -293,10 +263,12 @@ class ObjectStoreAllReduce:
                             f"({exc}); was the store modified during the run?"
                         ) from exc
                     time.sleep(self.poll_interval_s)
-        mean = _mean_in_rank_order(got, name, self.world_size)
+        mean = _mean_in_rank_order({r: got[r] for r in participants}, name)
+        self.last_participants = participants
         for t, m in zip(tensors, mean):
             t.copy_(m.to(t.device))
-        if not self.keep_objects and round_id > 0:
+        if not self.keep_objects and round_id > 0 and len(participants) == self.world_size:
+            # Every rank wrote this round, so every rank is done with the previous one.
             try:
                 self._fs.rm_file(self._object(round_id - 1, self.rank))
             except Exception:  # noqa: BLE001 - clean-up is best effort
@@ -320,13 +292,15 @@ class ObjectStoreAllReduce:
                         problems.pop(r, None)
                     except (FileNotFoundError, CorruptObjectError) as exc:
                         problems[r] = str(exc)
-            complete = len(got) == self.world_size
+            complete = set(self.last_participants) <= set(got)  # everyone of the last committed round
             if complete or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_interval_s)
         missing = sorted(set(range(self.world_size)) - set(got))
+        commit = len(got) >= self.min_world_size  # strict: every rank; elastic: enough ranks
         proposal = {
-            "decision": "commit" if complete else "abort",
+            "decision": "commit" if commit else "abort",
+            "participants": sorted(got),
             "missing": missing,
             "by": self.rank,
             "problems": {str(r): why for r, why in problems.items() if r in missing},
@@ -340,18 +314,17 @@ class ObjectStoreAllReduce:
             time.sleep(min(self.poll_interval_s, 0.05))
 
 
-def _mean_in_rank_order(
-    got: dict[int, tuple[dict, list[torch.Tensor]]], name: str, world_size: int
-) -> list[torch.Tensor]:
-    """Mean over ranks 0..n-1, accumulated in float64 in rank order (so every rank gets the same bits)."""
-    ref_header, ref = got[0]
-    for r in range(1, world_size):
+def _mean_in_rank_order(got: dict[int, tuple[dict, list[torch.Tensor]]], name: str) -> list[torch.Tensor]:
+    """Mean over the ranks of ``got``, accumulated in float64 in rank order (every rank gets the same bits)."""
+    ranks = sorted(got)
+    ref_header, ref = got[ranks[0]]
+    for r in ranks[1:]:
         header, tensors = got[r]
         if header["name"] != ref_header["name"] or [(s["dtype"], s["shape"]) for s in header["tensors"]] != [
             (s["dtype"], s["shape"]) for s in ref_header["tensors"]
         ]:
             raise ValueError(
-                f"ranks disagree on allreduce {name!r}: rank 0 sent {ref_header['name']!r} "
+                f"ranks disagree on allreduce {name!r}: rank {ranks[0]} sent {ref_header['name']!r} "
                 f"{[(s['dtype'], s['shape']) for s in ref_header['tensors']]}, rank {r} sent {header['name']!r} "
                 f"{[(s['dtype'], s['shape']) for s in header['tensors']]}; every rank must reduce the same tensors"
             )
@@ -359,9 +332,9 @@ def _mean_in_rank_order(
     for i, t0 in enumerate(ref):
         wide = torch.complex128 if t0.is_complex() else torch.float64
         acc = t0.detach().to("cpu", wide, copy=True)
-        for r in range(1, world_size):
+        for r in ranks[1:]:
             acc += got[r][1][i].detach().to("cpu", wide)
-        out.append((acc / world_size).to(t0.dtype))
+        out.append((acc / len(ranks)).to(t0.dtype))
     return out
 
 

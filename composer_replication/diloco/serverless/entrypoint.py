@@ -37,6 +37,7 @@ def replica_entrypoint(
     poll_interval_s: float = 1.0,
     storage_options: Mapping[str, Any] | None = None,
     trainer_kwargs: Mapping[str, Any] | None = None,
+    min_world_size: int | None = None,
 ) -> Any:
     """Run one replica: rank from ``$<rank_env>``, an allreduce on ``rendezvous_uri``, then the trainer.
 
@@ -51,6 +52,7 @@ def replica_entrypoint(
         poll_interval_s: seconds between two looks at the store.
         storage_options: fsspec options of the store (endpoint, profile...).
         trainer_kwargs: keyword arguments for the trainer.
+        min_world_size: elastic membership (see ``ObjectStoreAllReduce``); ``None`` needs every replica.
 
     Returns:
         Whatever the trainer returns.
@@ -72,6 +74,7 @@ def replica_entrypoint(
         timeout_s=timeout_s,
         poll_interval_s=poll_interval_s,
         storage_options=storage_options,
+        min_world_size=min_world_size,
     )
     train = resolve_entrypoint(trainer_module, default_attr="train")
     return train(allreduce=allreduce, **dict(trainer_kwargs or {}))

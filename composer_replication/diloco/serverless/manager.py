@@ -128,7 +128,8 @@ class MockManager:
         return self._allreduce.world_size
 
     def num_participants(self) -> int:
-        """Replicas in the last round: ``world_size`` after a commit, 1 (this one) after a dropped round."""
+        """Replicas averaged in the last round (``world_size``, fewer under an elastic allreduce), or 1 (this
+        one) after a dropped round."""
         return self._last_participants
 
     def participating_rank(self) -> int | None:
@@ -248,7 +249,9 @@ class MockManager:
         if self._error is None:
             self._step += 1
             self._batches_committed += self.world_size
-            self._last_participants = self.world_size
+            self._last_participants = len(
+                getattr(self._allreduce, "last_participants", range(self.world_size))
+            )
             self.consecutive_dropped_rounds = 0
             return True
         self._last_participants = 1

@@ -225,3 +225,38 @@ def test_bad_arguments_name_the_argument(kwargs: dict, match: str, tmp_path: Pat
 def test_integer_tensors_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="floating"):
         ObjectStoreAllReduce(str(tmp_path), 0, 2).allreduce(torch.ones(2, dtype=torch.int64))
+
+
+def test_elastic_membership_commits_without_a_missing_rank_and_stops_waiting_for_it(tmp_path: Path) -> None:
+    uri = str(tmp_path / "s")
+
+    def rank_fn(r: int):
+        if r == 2:
+            return None  # never starts
+        ar = ObjectStoreAllReduce(
+            uri, r, 3, run_id="el", timeout_s=1.0, poll_interval_s=0.01, min_world_size=2
+        )
+        first = ar.allreduce(torch.full((2,), float(r))).clone()
+        t0 = time.monotonic()
+        second = ar.allreduce(torch.full((2,), 10.0 * r)).clone()
+        return first, second, time.monotonic() - t0, ar.last_participants
+
+    out = run_ranks(rank_fn, 3)
+    for first, second, seconds, participants in out[:2]:
+        assert first.tolist() == [0.5, 0.5] and second.tolist() == [5.0, 5.0]
+        assert participants == [0, 1]
+        assert seconds < 0.9  # the second round does not wait for rank 2 again
+    late = ObjectStoreAllReduce(uri, 2, 3, run_id="el", timeout_s=1.0, poll_interval_s=0.01, min_world_size=2)
+    t = torch.full((2,), 99.0)
+    late.allreduce(t)  # round 0 was committed without it: it adopts the same mean
+    assert t.tolist() == [0.5, 0.5]
+
+
+def test_elastic_membership_below_the_minimum_aborts(tmp_path: Path) -> None:
+    ar = ObjectStoreAllReduce(
+        str(tmp_path), 0, 3, run_id="m", timeout_s=0.2, poll_interval_s=0.01, min_world_size=2
+    )
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1, 2\]"):
+        ar.allreduce(torch.ones(1))
+    with pytest.raises(ValueError, match="min_world_size"):
+        ObjectStoreAllReduce(str(tmp_path), 0, 3, min_world_size=4)

@@ -117,6 +117,27 @@ def test_replica_entrypoint_needs_its_rank(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 @pytest.mark.slow
+def test_replica_crash_with_elastic_membership_survivors_go_on_together(
+    ex: LocalProcessExecutor, tmp_path: Path
+) -> None:
+    args = {
+        "uri": str(tmp_path / "store"),
+        "world_size": 3,
+        "run_id": "elastic",
+        "rounds": 3,
+        "crash_rank": 2,
+        "crash_round": 2,
+        "timeout_s": 3.0,
+        "min_world_size": 2,
+    }
+    results = ex.collect(ex.launch_replicas(3, helpers.diloco_replica, args), timeout=240)
+    assert (results[2]["status"], results[2]["exit_code"]) == ("failed", 3)
+    a, b = results[0]["result"], results[1]["result"]
+    assert a["committed"] == b["committed"] == 3 and a["dropped"] == 0 and a["participants"] == 2
+    assert a["digests"] == b["digests"] and len(set(a["digests"])) == 3  # every round moved the model
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("max_dropped_rounds", [None, 0])
 def test_replica_crash_mid_run_others_drop_the_round_and_go_on_or_stop(
     ex: LocalProcessExecutor, tmp_path: Path, max_dropped_rounds: int | None

@@ -62,12 +62,21 @@ def diloco_replica(
     max_dropped_rounds: int | None = None,
     timeout_s: float = 5.0,
     bucketized: bool = False,
+    min_world_size: int | None = None,
 ) -> dict:
     """Real torchft DiLoCo over MockManager(ObjectStoreAllReduce); returns per-round digests."""
     from torchft.local_sgd import DiLoCo
 
     rank = int(os.environ["REPLICA_RANK"])
-    ar = ObjectStoreAllReduce(uri, rank, world_size, run_id=run_id, timeout_s=timeout_s, poll_interval_s=0.02)
+    ar = ObjectStoreAllReduce(
+        uri,
+        rank,
+        world_size,
+        run_id=run_id,
+        timeout_s=timeout_s,
+        poll_interval_s=0.02,
+        min_world_size=min_world_size,
+    )
     manager = MockManager(ar, max_dropped_rounds=max_dropped_rounds)
     model = mlp()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -98,6 +107,7 @@ def diloco_replica(
             if (step + 1) % sync_every == 0:
                 digests.append(digest(model))
     return {
+        "participants": manager.num_participants(),
         "digests": digests,
         "committed": manager.current_step(),
         "dropped": manager.dropped_rounds,
