@@ -32,6 +32,7 @@ from composer_replication.types import TeacherCallResult, TeacherSpec, TraceStat
 
 __all__ = [
     "RECORDED_SLUG",
+    "FAILED_CALL_KINDS",
     "RECORDED_TEACHER",
     "REJECTED_SOURCE_SAMPLE",
     "StudentSampling",
@@ -55,14 +56,25 @@ def is_recorded(slug: str) -> bool:
     return slug == RECORDED_SLUG
 
 
+FAILED_CALL_KINDS = frozenset({"tool_not_found", "json_decode", "type_error", "repeated_failure"})
+"""``TraceState["error_kind"]`` values that mark the recorded action itself as a mistake: a call to a tool
+that does not exist, arguments that are not JSON or do not fit the tool, the same failure again. The
+recorded teacher abstains there (a ``runtime_error``, e.g. a test run that fails, is a sound action)."""
+
+
 def recorded_result(state: TraceState) -> TeacherCallResult:
     """The recorded teacher's answer at ``state``: its recorded action, cost 0, no latency.
 
-    A state with no recorded action answers with an error (``"no recorded action"``), so it takes no
-    part in the vote.
+    It abstains (an error result, no part in the vote, so no pair from it) where there is no recorded
+    action (``"no recorded action"``) or where the recorded call failed as a call
+    (``"recorded action failed: tool_not_found"``...; :data:`FAILED_CALL_KINDS`): the agent's own mistake,
+    which the next state's action corrects, is not an action to teach.
     """
     action = state.get("student_action")
     ok = isinstance(action, str) and bool(action.strip())
+    error = None if ok else "no recorded action"
+    if ok and state.get("error_kind") in FAILED_CALL_KINDS:
+        ok, error = False, f"recorded action failed: {state['error_kind']}"
     return {
         "state_id": state["state_id"],
         "teacher_slug": RECORDED_SLUG,
@@ -71,7 +83,7 @@ def recorded_result(state: TraceState) -> TeacherCallResult:
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "cost_usd": 0.0,
-        "error": None if ok else "no recorded action",
+        "error": error,
     }
 
 

@@ -12,7 +12,7 @@ from composer_replication.replaysim import DJNormalizer
 from composer_replication.replaysim.degenerate import RULES, DegeneracyLimits, degeneracy, is_degenerate
 from composer_replication.rollout import NextActionEnvironment
 from composer_replication.teacher_replay import extract_dpo_pairs
-from composer_replication.teacher_replay.recorded import recorded_result
+from composer_replication.teacher_replay.recorded import FAILED_CALL_KINDS, recorded_result
 
 READ = '[TOOL_USE] name=Read input={"file_path": "/app/config.py"}'
 EDIT = (
@@ -225,7 +225,9 @@ def test_bundled_sessions_make_well_formed_recorded_pairs():
     results = [recorded_result(s) for s in states]
     student = {s["state_id"]: "I will do nothing." for s in states}
     pairs = extract_dpo_pairs(states, results, agreement_threshold=1, student_actions=student)
-    assert len(pairs) == sum(1 for s in states if s["student_action"].strip())
+    failed = [s for s in states if s.get("error_kind") in FAILED_CALL_KINDS]  # the agent's own mistakes
+    assert failed and not {p.state_id for p in pairs} & {s["state_id"] for s in failed}
+    assert len(pairs) == sum(1 for s in states if s["student_action"].strip()) - len(failed)
     normalizer = DJNormalizer()
     kept = normalizer.normalize(pairs)
     degenerate = [d for d in normalizer.last_report.dropped if d.op == "degenerate_action_filter"]

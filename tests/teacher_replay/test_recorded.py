@@ -167,6 +167,27 @@ def test_recorded_result_and_collector():
     assert collector.add(recorded_result(states[1])) == []
 
 
+def test_recorded_teacher_abstains_where_the_recorded_call_failed():
+    """A call to a tool that does not exist (the agent's mistake, corrected next turn) is no action to teach."""
+    states = _states(3)
+    states[0]["student_action"] = '[TOOL_USE] name=Search input={"query": "def f"}'
+    states[0]["error_kind"] = "tool_not_found"
+    states[1]["error_kind"] = "runtime_error"  # e.g. a failing test run: a sound action, kept
+    results = [recorded_result(s) for s in states]
+    assert (
+        results[0]["error"] == "recorded action failed: tool_not_found"
+        and results[0]["response_text"] is None
+    )
+    assert results[1]["error"] is None
+    pairs = extract_dpo_pairs(
+        states,
+        results,
+        agreement_threshold=1,
+        student_actions=dict.fromkeys((s["state_id"] for s in states), "I will do nothing."),
+    )
+    assert [p.state_id for p in pairs] == ["t::0001", "t::0002"]
+
+
 def test_recorded_needs_a_student():
     with pytest.raises(ValueError, match="pass student='local:<student model>'"):
         TeacherReplayer([RECORDED_TEACHER])
