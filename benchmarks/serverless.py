@@ -199,6 +199,15 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
         "traffic grows linearly with N. For DiLoCo this is paid once per outer round (every `sync_every` "
         "inner steps, typically hundreds), not per step.",
     ]
+    biggest = max(r["mb"] for r in rows)
+    model_mb = 135e6 * 4 / 2**20  # SmolLM2-135M's pseudo-gradient in float32
+    for r in rows:
+        if r["mb"] == biggest and not r["transport"].startswith("gloo"):
+            lines.append(
+                f"- At the {biggest:g} MB rate, {r['transport']} would move a 135M-parameter float32 "
+                f"pseudo-gradient ({model_mb:.0f} MB) in about {model_mb / r['mb_per_s']:.0f} s per round "
+                f"(gloo: {model_mb / next(g['mb_per_s'] for g in rows if g['mb'] == biggest and g['transport'].startswith('gloo')):.1f} s)."
+            )
     return "\n".join(lines)
 
 

@@ -174,8 +174,16 @@ class ObjectStoreAllReduce:
         self._round_id += 1
         if self.world_size == 1:
             return tensors
-        self._ensure_started()
-        return self._run_round(round_id, tensors, name)
+        try:
+            self._ensure_started()
+            return self._run_round(round_id, tensors, name)
+        except (ImportError, TimeoutError, ValueError, TypeError):
+            raise
+        except Exception as exc:  # a refused credential surfaces at the first request, whichever it is
+            better = explain_access_error(exc, self.uri)
+            if better is not None:
+                raise better from exc
+            raise
 
     # ------------------------------------------------------------------------ start-up
 
@@ -183,19 +191,11 @@ class ObjectStoreAllReduce:
         if self._fs is not None:
             return
         fs, root = open_store(self.uri, self._storage_options)
-        try:
-            if self._run_id is None:
-                self._run_id = rendezvous(
-                    fs, root, self.rank, self.world_size, self.timeout_s, self.poll_interval_s, self.uri
-                )
-            fs.makedirs(f"{root}/runs/{self._run_id}", exist_ok=True)
-        except (ImportError, TimeoutError):
-            raise
-        except Exception as exc:
-            better = explain_access_error(exc, self.uri)
-            if better is not None:
-                raise better from exc
-            raise
+        if self._run_id is None:
+            self._run_id = rendezvous(
+                fs, root, self.rank, self.world_size, self.timeout_s, self.poll_interval_s, self.uri
+            )
+        fs.makedirs(f"{root}/runs/{self._run_id}", exist_ok=True)
         self._fs, self._prefix = fs, f"{root}/runs/{self._run_id}"
         log.info("rank %d/%d joined run %s at %s", self.rank, self.world_size, self._run_id, self.uri)
 

@@ -124,6 +124,7 @@ def explain_access_error(exc: BaseException, uri: str) -> BaseException | None:
         "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
         "gcs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
         "hf": "set HF_TOKEN with write access to the repository",
+        "file": "make the folder writable by this user, or choose another --store",
     }.get(proto, "provide the store's credentials through its usual environment variables")
     return StoreAccessError(f"the store at {uri!r} refused access ({type(exc).__name__}: {exc}); {hint}")
 

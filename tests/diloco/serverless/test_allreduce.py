@@ -12,7 +12,7 @@ import pytest
 import torch
 from tests_serverless_helpers import run_ranks
 
-from composer_replication.diloco.serverless import ObjectStoreAllReduce, RoundTimeoutError
+from composer_replication.diloco.serverless import ObjectStoreAllReduce, RoundTimeoutError, StoreAccessError
 from composer_replication.diloco.serverless.store import CorruptObjectError, decode_tensors, encode_tensors
 
 FAST = {"timeout_s": 5.0, "poll_interval_s": 0.01}
@@ -260,3 +260,17 @@ def test_elastic_membership_below_the_minimum_aborts(tmp_path: Path) -> None:
         ar.allreduce(torch.ones(1))
     with pytest.raises(ValueError, match="min_world_size"):
         ObjectStoreAllReduce(str(tmp_path), 0, 3, min_world_size=4)
+
+
+def test_refused_write_is_an_access_error_at_first_allreduce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import composer_replication.diloco.serverless.allreduce as allreduce_module
+
+    def refuse(fs, path, data):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(allreduce_module, "write_atomic", refuse)
+    ar = ObjectStoreAllReduce(str(tmp_path / "ro"), 0, 2, run_id="r", timeout_s=1)
+    with pytest.raises(StoreAccessError, match="make the folder writable"):
+        ar.allreduce(torch.ones(1))
