@@ -84,7 +84,7 @@ def _rss_kib(field: str) -> int:
 
 
 def _run(model, batch, chunk_size):
-    from composer_replication.loss import compose_loss
+    from composer_replication.losses import compose_loss
 
     out = compose_loss(model, batch, chunk_size=chunk_size)
     out.total.backward()
@@ -93,7 +93,7 @@ def _run(model, batch, chunk_size):
 
 def worker(args: argparse.Namespace) -> dict:
     """One measured forward + backward in this process; returns the figures as a dict."""
-    from composer_replication.loss import token_logprobs_for
+    from composer_replication.losses import token_logprobs_for
 
     torch.set_num_threads(args.threads)
     chunk = None if args.worker == "naive" else int(args.worker)
@@ -123,7 +123,7 @@ def worker(args: argparse.Namespace) -> dict:
     peak = (torch.cuda.max_memory_allocated() if cuda else _rss_kib("VmHWM") * 1024) - base
     emb = model.get_input_embeddings().weight.grad
     return {
-        "mode": args.worker, "seconds": seconds, "peak_bytes": peak, **out.detached(),
+        "mode": args.worker, "seconds": seconds, "peak_bytes": peak, **out.metrics(),
         "grad_norm_embed": float(emb.norm()), "grad_norm_layer0_q": float(model.model.layers[0].self_attn.q_proj.weight.grad.norm()),
     }
 
@@ -142,25 +142,31 @@ def _spawn(mode: str, args: argparse.Namespace) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _channels(result: dict) -> list[str]:
+    """The ``loss/<name>`` keys of the channels that ran (true names), then ``loss/total``."""
+    names = [k for k in result if k.startswith("loss/") and k.count("/") == 1 and k != "loss/total"]
+    return [*names, "loss/total"]
+
+
 def _table(naive: dict, rows: list[dict]) -> str:
-    policy = "grpo" if "grpo" in naive else "lm_ce"
+    channels = _channels(naive)
     lines = [
         "| path | peak memory (MiB) | memory ratio | time (s) | time ratio | max abs loss diff | embed grad rel diff |",
         "|---|---|---|---|---|---|---|",
         f"| naive (full logits) | {naive['peak_bytes'] / 2**20:.0f} | 1.00 | {naive['seconds']:.1f} | 1.00 | 0 | 0 |",
     ]
     for r in rows:
-        diff = max(abs(r[k] - naive[k]) for k in (policy, "sdpo_jsd", "trace_replay_dpo", "total"))
+        diff = max(abs(r[k] - naive[k]) for k in channels)
         gdiff = abs(r["grad_norm_embed"] - naive["grad_norm_embed"]) / naive["grad_norm_embed"]
         lines.append(
             f"| chunked, chunk_size={r['mode']} | {r['peak_bytes'] / 2**20:.0f} | "
             f"{r['peak_bytes'] / naive['peak_bytes']:.2f} | {r['seconds']:.1f} | {r['seconds'] / naive['seconds']:.2f} | "
             f"{diff:.1e} | {gdiff:.1e} |"
         )
-    lines += ["", f"| path | {policy} | sdpo_jsd | trace_replay_dpo | total | embed grad norm | layer-0 q grad norm |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", f"| path | {' | '.join(channels)} | embed grad norm | layer-0 q grad norm |",
+              "|---|" + "---|" * (len(channels) + 2)]
     for r in [naive, *rows]:
-        vals = [r[k] for k in (policy, "sdpo_jsd", "trace_replay_dpo", "total", "grad_norm_embed", "grad_norm_layer0_q")]
+        vals = [r[k] for k in (*channels, "grad_norm_embed", "grad_norm_layer0_q")]
         lines.append(f"| {r['mode']} | " + " | ".join(f"{v:.9g}" for v in vals) + " |")
     return "\n".join(lines)
 
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [_spawn(str(c), args) for c in args.chunk_sizes]
     header = (f"B={args.batch}, T={args.seq}, response fraction {args.response_frac}, hint +{args.hint} tokens, "
               f"{args.layers} layers, hidden 576, vocab 49152, {args.device}, {args.threads} thread(s); "
-              f"policy={'grpo' if 'grpo' in naive else 'lm_ce'}, alpha_sdpo=0.1, beta_replay=0.05")
+              f"channels {', '.join(k.removeprefix('loss/') for k in _channels(naive)[:-1])}, alpha_sdpo=0.1, "
+              "beta_replay=0.05")
     table = _table(naive, rows)
     print(header)
     print(table)

@@ -22,6 +22,7 @@ _DILOCO_AVAILABLE: bool = importlib.util.find_spec("torchft") is not None
 
 _EXPORTS: dict[str, str] = {
     "compose_loss": "composer_replication.loss",
+    "LossConfig": "composer_replication.loss",
     "LossComponents": "composer_replication.loss",
     "build_batch": "composer_replication.batch",
     "generalized_jsd_loss": "composer_replication.opsd",

@@ -21,7 +21,7 @@ import torch
 
 from composer_replication.batching import pad_rows
 from composer_replication.chat_format import build_prompt_ids, build_response_ids
-from composer_replication.loss import sequence_logprobs_for
+from composer_replication.losses import sequence_logprobs_for
 
 __all__ = ["VARIANTS", "build_batch"]
 

@@ -25,6 +25,8 @@ from typing import Any, Literal, TypeVar, Union
 import torch
 import yaml
 
+from composer_replication.losses.config import LossConfig  # the loss library's config, under ``loss``
+
 __all__ = [
     "OptimConfig",
     "LossConfig",
@@ -91,124 +93,6 @@ class OptimConfig:
         _check_choice(self.scheduler, "optim.scheduler", ("constant", "linear", "cosine"))
         _check(self.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0, got {self.max_grad_norm!r}")
         _check(self.grad_accum_steps >= 1, "optim.grad_accum_steps", f"must be >= 1, got {self.grad_accum_steps!r}")
-
-
-@dataclass(kw_only=True)
-class LossConfig:
-    """Every knob of ``compose_loss``: ``total = policy + alpha_sdpo * distill + beta_replay * replay``."""
-
-    alpha_sdpo: float = 0.1
-    """Weight of channel 2 (self-distillation at error sites)."""
-    beta_replay: float = 0.05
-    """Weight of channel 3 (trace-replay DPO / SimPO)."""
-    sdpo_jsd_beta: float = 0.5
-    """Generalized JSD beta (TRL convention: 0 forward KL, 1 reverse KL)."""
-    sdpo_temperature: float = 1.0
-    """Softmax temperature of the distillation loss."""
-    sdpo_token_clip: float | None = None
-    """Elementwise clamp of pointwise JSD terms (OPSD ``jsd_token_clip``); ``None`` disables it."""
-    sdpo_top_k: int | None = None
-    """Keep only the teacher's top-k logits (renormalized); ``None`` uses the full vocabulary."""
-    sdpo_wrapper: Literal["none", "taid", "entropy_opd"] = "none"
-    """Distillation loss of channel 2: ``none`` (plain generalized JSD), ``taid`` (scheduled interpolation,
-    ``t`` from a ``TAIDScheduler``) or ``entropy_opd`` (entropy-aware on-policy distillation)."""
-    taid_t_start: float = 0.4
-    """TAID: initial interpolation coefficient ``t``."""
-    taid_t_end: float = 1.0
-    """TAID: final ``t`` (hard ceiling)."""
-    taid_alpha: float = 5e-4
-    """TAID: adaptive bump magnitude."""
-    taid_beta: float = 0.99
-    """TAID: EMA decay of the relative loss change."""
-    replay_dpo_beta: float = 0.1
-    """DPO beta of channel 3."""
-    dpo_variant: Literal["dpo", "simpo"] = "dpo"
-    """Channel 3 loss: ``dpo`` (needs reference log-probs) or reference-free ``simpo``."""
-    simpo_beta: float = 2.0
-    """SimPO beta."""
-    simpo_gamma: float = 1.0
-    """SimPO absolute target margin gamma (TRL convention)."""
-    entropy_opd_h_max: float | None = None
-    """Entropy-aware OPD normaliser; ``None`` means ``log(V)``."""
-    chunk_size: int | None = 1024
-    """Tokens per chunk in the chunked log-prob / distillation kernels (memory); ``null`` = naive full logits."""
-    lm_ce_label_smoothing: float = 0.0
-    """Label smoothing of the LM cross-entropy fallback of channel 1."""
-    dpo_label_smoothing: float = 0.0
-    """Label smoothing (conservative DPO) of channel 3."""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    """GRPO aggregation (TRL names)."""
-    epsilon_low: float = 0.2
-    """GRPO lower clip range."""
-    epsilon_high: float = 0.2
-    """GRPO upper clip range (DAPO's clip-higher uses 0.28)."""
-    importance_sampling_level: Literal["token", "sequence"] = "token"
-    """GRPO importance ratio per ``token``, or per ``sequence`` (GSPO)."""
-    kl_beta: float = 0.0
-    """Weight of the k3 KL to the frozen reference inside GRPO (0 disables the reference pass)."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage normalisation: by the group std, the batch std, or none (Dr. GRPO)."""
-
-    def __post_init__(self) -> None:
-        for key in ("alpha_sdpo", "beta_replay", "replay_dpo_beta", "simpo_beta", "kl_beta"):
-            _check(getattr(self, key) >= 0, f"loss.{key}", f"must be >= 0, got {getattr(self, key)!r}")
-        _check(0 <= self.sdpo_jsd_beta <= 1, "loss.sdpo_jsd_beta", f"must be in [0, 1], got {self.sdpo_jsd_beta!r}")
-        _check(self.sdpo_temperature > 0, "loss.sdpo_temperature", f"must be > 0, got {self.sdpo_temperature!r}")
-        _check(
-            self.sdpo_token_clip is None or self.sdpo_token_clip > 0,
-            "loss.sdpo_token_clip",
-            f"must be > 0 or null, got {self.sdpo_token_clip!r}",
-        )
-        _check(
-            self.sdpo_top_k is None or self.sdpo_top_k >= 1,
-            "loss.sdpo_top_k",
-            f"must be >= 1 or null, got {self.sdpo_top_k!r}",
-        )
-        _check_choice(self.sdpo_wrapper, "loss.sdpo_wrapper", ("none", "taid", "entropy_opd"))
-        _check(
-            0 <= self.taid_t_start <= self.taid_t_end <= 1,
-            "loss.taid_t_start",
-            f"and 'loss.taid_t_end' must satisfy 0 <= t_start <= t_end <= 1, got "
-            f"{self.taid_t_start!r} and {self.taid_t_end!r}",
-        )
-        _check_choice(self.dpo_variant, "loss.dpo_variant", ("dpo", "simpo"))
-        _check(
-            self.entropy_opd_h_max is None or self.entropy_opd_h_max > 0,
-            "loss.entropy_opd_h_max",
-            f"must be > 0 or null, got {self.entropy_opd_h_max!r}",
-        )
-        _check(
-            self.chunk_size is None or self.chunk_size >= 1,
-            "loss.chunk_size",
-            f"must be >= 1 or null, got {self.chunk_size!r}",
-        )
-        for key in ("lm_ce_label_smoothing", "dpo_label_smoothing"):
-            _check(0 <= getattr(self, key) < 1, f"loss.{key}", f"must be in [0, 1), got {getattr(self, key)!r}")
-        _check_choice(self.loss_type, "loss.loss_type", ("grpo", "bnpo", "dr_grpo", "dapo"))
-        _check(0 <= self.epsilon_low < 1, "loss.epsilon_low", f"must be in [0, 1), got {self.epsilon_low!r}")
-        _check(self.epsilon_high >= 0, "loss.epsilon_high", f"must be >= 0, got {self.epsilon_high!r}")
-        _check_choice(self.importance_sampling_level, "loss.importance_sampling_level", ("token", "sequence"))
-        _check_choice(self.scale_rewards, "loss.scale_rewards", ("group", "batch", "none"))
-
-    def grpo_config(self, *, max_completion_length: int | None = None) -> Any:
-        """The channel-1 ``composer_replication.grpo.GRPOLossConfig`` built from these fields.
-
-        Args:
-            max_completion_length: denominator of ``dr_grpo`` (the rollout's ``max_new_tokens``).
-        """
-        from composer_replication.grpo import GRPOLossConfig
-
-        kwargs: dict[str, Any] = dict(
-            loss_type=self.loss_type,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            importance_sampling_level=self.importance_sampling_level,
-            beta=self.kl_beta,
-            scale_rewards=self.scale_rewards,
-        )
-        if max_completion_length is not None:
-            kwargs["max_completion_length"] = max_completion_length
-        return GRPOLossConfig(**kwargs)
 
 
 @dataclass(kw_only=True)

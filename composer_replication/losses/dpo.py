@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from composer_replication.opsd import _check_temperature, _upcast
+from composer_replication.losses.jsd import _check_temperature, _upcast
 
 __all__ = ["per_token_logprobs", "sequence_logprobs", "dpo_loss"]
 
@@ -108,7 +108,7 @@ def dpo_loss(
         label_smoothing: ``eps`` in ``[0, 0.5)``: assumed probability that a preference label is flipped.
 
     Returns:
-        ``(loss, metrics)``; metrics ``dpo/reward_margin`` (mean of ``beta * Delta``), ``dpo/accuracy``
+        ``(loss, metrics)``; metrics ``dpo/reward_margin`` (mean of ``beta * Delta``), ``dpo/reward_accuracy``
         (fraction with chosen reward > rejected reward), ``dpo/chosen_reward``, ``dpo/rejected_reward``.
 
     Raises:
@@ -147,7 +147,7 @@ def dpo_loss(
         metrics = {
             "dpo/loss": float(loss),
             "dpo/reward_margin": float(logits.mean()),
-            "dpo/accuracy": float((chosen_rewards > rejected_rewards).float().mean()),
+            "dpo/reward_accuracy": float((chosen_rewards > rejected_rewards).float().mean()),
             "dpo/chosen_reward": float(chosen_rewards.mean()),
             "dpo/rejected_reward": float(rejected_rewards.mean()),
         }

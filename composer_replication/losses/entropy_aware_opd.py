@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from composer_replication.opsd import (
+from composer_replication.losses.jsd import (
     REDUCTIONS,
     _check_logit_pair,
     _check_temperature,
@@ -100,7 +100,7 @@ def entropy_aware_opd_loss(
 ) -> torch.Tensor:
     """Entropy-gated forward/reverse KL distillation loss (arXiv 2603.07079), reduced like the JSD loss.
 
-    Reductions (same rules as :func:`composer_replication.opsd.generalized_jsd_loss`):
+    Reductions (same rules as :func:`composer_replication.losses.jsd.generalized_jsd_loss`):
     ``"batchmean"`` = sum / #tokens with ``labels == 1`` (clamped at 1), or sum / B without labels;
     ``"sum"``; ``"mean"`` = sum / (#tokens * V); ``"none"`` = per-token ``[B, T]`` (masked positions 0).
 

@@ -8,7 +8,7 @@ ratio), Zheng et al. (arXiv 2507.18071). Reference code: ``trl/trainer/grpo_trai
 Per token (shapes ``[B, T]``, log-probs aligned with input positions, see the batch contract):
 
     rho   = exp(lp - lp_old)                         (token)   or exp(masked mean_t (lp - lp_old)) (sequence)
-    l     = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) + beta * KL3
+    l     = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) + kl_beta * KL3
     KL3   = exp(ref - lp) - (ref - lp) - 1
 
 Aggregation: grpo = mean_b(sum_t l*m / len_b); bnpo = dapo = sum l*m / sum m (single process);
@@ -18,17 +18,15 @@ dr_grpo = sum l*m / (B * max_completion_length).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
+
+from composer_replication.losses.config import SCALE_REWARDS, GRPOLossConfig
 
 __all__ = ["GRPOLossConfig", "group_advantages", "grpo_loss"]
 
 logger = logging.getLogger(__name__)
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IS_LEVELS = ("token", "sequence")
-SCALE_REWARDS = ("group", "batch", "none")
 _STD_EPS = 1e-4  # TRL: advantages / (std + 1e-4)
 
 
@@ -102,52 +100,6 @@ def group_advantages(
     return centered / (std + _STD_EPS)
 
 
-@dataclass(kw_only=True)
-class GRPOLossConfig:
-    """Configuration of :func:`grpo_loss` (TRL ``GRPOConfig`` names and defaults, except loss_type)."""
-
-    loss_type: str = "dapo"
-    """Aggregation: "grpo" (per-sequence mean, then batch mean), "bnpo" (token mean over the batch),
-    "dr_grpo" (sum / (B * max_completion_length)), "dapo" (token mean; global count in TRL, local here)."""
-    epsilon_low: float = 0.2
-    """Lower clip: the ratio is clipped at ``1 - epsilon_low``; in ``[0, 1)``."""
-    epsilon_high: float = 0.2
-    """Upper clip: the ratio is clipped at ``1 + epsilon_high``; ``>= 0`` (DAPO uses 0.28)."""
-    importance_sampling_level: str = "token"
-    """"token": per-token ratio; "sequence" (GSPO): exp of the masked mean log-ratio, one per sequence."""
-    beta: float = 0.0
-    """Weight of the k3 KL to the reference policy (``>= 0``); > 0 requires ``ref_logprobs``."""
-    max_completion_length: int | None = None
-    """Dr. GRPO's constant normalizer; None means the batch's T. In the aligned convention T includes the
-    prompt, so set this to the sampling max_new_tokens for the paper's normalizer."""
-    scale_rewards: str = "group"
-    """Advantage scaling for :func:`group_advantages`: "group", "batch" or "none"."""
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.importance_sampling_level not in IS_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {IS_LEVELS}, got {self.importance_sampling_level!r}"
-            )
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
-        if not 0.0 <= self.epsilon_low < 1.0:
-            raise ValueError(f"epsilon_low must be in [0, 1), got {self.epsilon_low!r}")
-        if not self.epsilon_high >= 0.0:
-            raise ValueError(f"epsilon_high must be >= 0, got {self.epsilon_high!r}")
-        if not self.beta >= 0.0:
-            raise ValueError(f"beta (KL weight) must be >= 0, got {self.beta!r}")
-        if self.max_completion_length is not None and (
-            isinstance(self.max_completion_length, bool)
-            or not isinstance(self.max_completion_length, int)
-            or self.max_completion_length < 1
-        ):
-            raise ValueError(
-                f"max_completion_length must be None or an int >= 1, got {self.max_completion_length!r}"
-            )
-
-
 def _check_bt(name: str, x: torch.Tensor | None, shape: torch.Size) -> None:
     if not isinstance(x, torch.Tensor) or x.shape != shape:
         raise ValueError(
@@ -163,36 +115,8 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x.double() * mask).sum() / mask.sum().clamp(min=1))
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    config: GRPOLossConfig,
-    ref_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped-surrogate GRPO loss (+ k3 KL) aggregated per ``config.loss_type`` (TRL ``_compute_loss``).
-
-    Args:
-        logprobs: ``[B, T]`` current policy log-probs of the sampled tokens (with grad).
-        old_logprobs: ``[B, T]`` sampling-policy log-probs (no grad).
-        advantages: ``[B]`` (or per-token ``[B, T]``) advantages, e.g. from :func:`group_advantages`.
-        response_mask: ``[B, T]`` 0/1 or bool, 1 on policy-generated tokens; positions outside it are
-            ignored whatever their values.
-        config: :class:`GRPOLossConfig`.
-        ref_logprobs: ``[B, T]`` reference log-probs; required when ``config.beta > 0`` (with beta 0 they
-            only feed the ``grpo/kl`` metric).
-
-    Returns:
-        ``(loss, metrics)``: scalar loss; metrics ``grpo/loss``, ``grpo/ratio_mean``, ``grpo/clip_ratio``,
-        ``grpo/clip_ratio_low``, ``grpo/clip_ratio_high`` (masked token means; per-sequence means at
-        sequence level), ``grpo/kl`` when ``ref_logprobs`` is given.
-
-    Raises:
-        ValueError: shape mismatches, ``beta > 0`` without ``ref_logprobs``, an all-zero ``response_mask``,
-            or ``max_completion_length`` shorter than a row's response.
-    """
+def _check_inputs(logprobs, old_logprobs, advantages, response_mask, config, ref_logprobs, max_completion_length) -> None:
+    """The argument checks of :func:`grpo_loss` (``ValueError`` naming the argument and the fix)."""
     if not isinstance(config, GRPOLossConfig):
         raise ValueError(f"config must be a GRPOLossConfig, got {type(config).__name__}")
     if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
@@ -202,15 +126,57 @@ def grpo_loss(
     _check_bt("response_mask", response_mask, shape)
     if ref_logprobs is not None:
         _check_bt("ref_logprobs", ref_logprobs, shape)
-    elif config.beta > 0:
+    elif config.kl_beta > 0:
         raise ValueError(
-            f"config.beta={config.beta} > 0 needs ref_logprobs [B, T]; pass them or set beta=0.0"
+            f"config.kl_beta={config.kl_beta} > 0 needs ref_logprobs [B, T]; pass them or set kl_beta=0.0"
         )
+    if max_completion_length is not None and (
+        isinstance(max_completion_length, bool) or not isinstance(max_completion_length, int) or max_completion_length < 1
+    ):
+        raise ValueError(f"max_completion_length must be None or an int >= 1, got {max_completion_length!r}")
     if not isinstance(advantages, torch.Tensor) or advantages.shape not in (shape[:1], shape):
         raise ValueError(
             f"advantages must have shape ({shape[0]},) or {tuple(shape)}, got "
             f"{getattr(advantages, 'shape', None)}"
         )
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    config: GRPOLossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-surrogate GRPO loss (+ k3 KL) aggregated per ``config.loss_type`` (TRL ``_compute_loss``).
+
+    Args:
+        logprobs: ``[B, T]`` current policy log-probs of the sampled tokens (with grad).
+        old_logprobs: ``[B, T]`` sampling-policy log-probs (no grad).
+        advantages: ``[B]`` (or per-token ``[B, T]``) advantages, e.g. from :func:`group_advantages`.
+        response_mask: ``[B, T]`` 0/1 or bool, 1 on policy-generated tokens; positions outside it are
+            ignored whatever their values.
+        config: :class:`GRPOLossConfig` (or a ``LossConfig``, which is one).
+        ref_logprobs: ``[B, T]`` reference log-probs; required when ``config.kl_beta > 0`` (with 0 they
+            only feed the ``grpo/kl`` metric).
+        max_completion_length: Dr. GRPO's constant normalizer (the sampling ``max_new_tokens``); ``None``
+            means the batch's T. In the aligned convention T includes the prompt, so pass it for the
+            paper's normalizer. Only ``loss_type="dr_grpo"`` reads it.
+
+    Returns:
+        ``(loss, metrics)``: scalar loss; metrics ``grpo/loss``, ``grpo/ratio_mean``, ``grpo/clip_ratio``,
+        ``grpo/clip_ratio_low``, ``grpo/clip_ratio_high`` (masked token means; per-sequence means at
+        sequence level), ``grpo/kl`` when ``ref_logprobs`` is given.
+
+    Raises:
+        ValueError: shape mismatches, ``kl_beta > 0`` without ``ref_logprobs``, an all-zero ``response_mask``,
+            or ``max_completion_length`` not an int >= 1 or shorter than a row's response.
+    """
+    _check_inputs(logprobs, old_logprobs, advantages, response_mask, config, ref_logprobs, max_completion_length)
+    shape = logprobs.shape
     mask_b = response_mask.bool()
     lengths = mask_b.sum(-1)
     if int(lengths.sum()) == 0:
@@ -230,8 +196,8 @@ def grpo_loss(
     if ref_logprobs is not None:
         diff = torch.where(mask_b, ref_logprobs - logprobs, zeros)
         kl = torch.exp(diff) - diff - 1
-        if config.beta > 0:
-            per_token = per_token + config.beta * kl
+        if config.kl_beta > 0:
+            per_token = per_token + config.kl_beta * kl
     per_token = torch.where(mask_b, per_token.expand(shape), zeros)
 
     if config.loss_type == "grpo":
@@ -239,11 +205,11 @@ def grpo_loss(
     elif config.loss_type in ("bnpo", "dapo"):
         loss = per_token.sum() / mask.sum().clamp(min=1)
     else:  # dr_grpo
-        max_len = config.max_completion_length if config.max_completion_length is not None else shape[1]
+        max_len = max_completion_length if max_completion_length is not None else shape[1]
         if int(lengths.max()) > max_len:
             raise ValueError(
                 f"max_completion_length={max_len} is shorter than a response in the batch "
-                f"({int(lengths.max())} tokens); raise config.max_completion_length"
+                f"({int(lengths.max())} tokens); pass a larger max_completion_length"
             )
         loss = per_token.sum() / (shape[0] * max_len)
 

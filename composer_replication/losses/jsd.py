@@ -15,7 +15,7 @@ Convention (identical to TRL ``trl/experimental/gkd/gkd_trainer.py::generalized_
 Because JSD_beta ~ beta * KL(T || S) as beta -> 0, the magnitude is discontinuous at the special cases.
 
 ``generalized_jsd_per_token`` is the one implementation; ``generalized_jsd_loss`` masks and reduces it.
-The chunked kernels of ``composer_replication.logprobs`` call the per-token form on flattened rows.
+The chunked kernels of ``composer_replication.losses.logprobs`` call the per-token form on flattened rows.
 Neither function detaches the teacher: pass teacher logits computed under ``torch.no_grad()``.
 """
 
@@ -36,7 +36,7 @@ _PROB_FLOOR = 1e-8  # OPSD: log(p.clamp_min(1e-8)) when the inputs are probabili
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Shared private helpers (also used by composer_replication.distillation)
+# Shared private helpers (also used by the dpo, taid and entropy_aware_opd modules)
 # ---------------------------------------------------------------------------------------------------------
 
 

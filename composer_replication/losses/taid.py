@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from composer_replication.opsd import _check_logit_pair, _upcast
+from composer_replication.losses.jsd import _check_logit_pair, _upcast
 
 __all__ = ["taid_loss", "taid_per_token", "TAIDScheduler"]
 

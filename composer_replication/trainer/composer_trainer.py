@@ -38,8 +38,7 @@ import torch
 
 from composer_replication.batching import TokenizedPair, pad_id, pad_rows, tokenize_pair
 from composer_replication.chat_format import build_hinted_teacher_sequence
-from composer_replication.dpo import dpo_loss
-from composer_replication.loss import self_distillation_loss, sequence_logprobs_for
+from composer_replication.losses import dpo_loss, self_distillation_loss, sequence_logprobs_for
 from composer_replication.types import PreferencePair
 
 try:
@@ -255,7 +254,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         )
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["composer/sdpo_jsd"].append(float(loss.detach()))
-        self._metrics[mode]["composer/sdpo_tokens"].append(metrics.get("sdpo/num_tokens", 0.0))
+        self._metrics[mode]["composer/sdpo_tokens"].append(metrics.get("loss/jsd/num_tokens", 0.0))
         return loss
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:

@@ -48,7 +48,7 @@ def test_all_three_channels_fire_on_it(tiny_model_and_tokenizer):
         out = compose_loss(model, build_batch(tok))
     d = out.detached()
     assert d["lm_ce"] > 0 and d["sdpo_jsd"] > 0 and d["trace_replay_dpo"] > 0
-    assert out.metrics["sdpo/num_tokens"] > 10
+    assert out.metrics()["loss/jsd/num_tokens"] > 10
 
 
 def test_ref_model_gives_real_reference_logprobs(tiny_model_and_tokenizer):

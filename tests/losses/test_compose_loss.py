@@ -7,58 +7,24 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_batches import make_batch  # tests/losses/loss_batches.py (the test folder is on sys.path)
 
-from composer_replication.distillation import entropy_aware_opd_per_token, simpo_loss, taid_per_token
-from composer_replication.dpo import dpo_loss, per_token_logprobs, sequence_logprobs
-from composer_replication.grpo import GRPOLossConfig, grpo_loss
-from composer_replication.loss import (
+from composer_replication.losses import (
+    GRPOLossConfig,
     LossComponents,
     compose_loss,
+    dpo_loss,
+    entropy_aware_opd_per_token,
+    generalized_jsd_per_token,
+    grpo_loss,
+    per_token_logprobs,
     self_distillation_loss,
+    sequence_logprobs,
     sequence_logprobs_for,
+    simpo_loss,
+    taid_per_token,
     token_logprobs_for,
 )
-from composer_replication.opsd import generalized_jsd_per_token
-
-# ---------------------------------------------------------------------------- hand-made batches
-
-
-def _seqs(parts, side: str):
-    """``parts``: list of (prompt ids, response ids) -> ids, attention mask, response mask ``[B, T]``."""
-    T = max(len(p) + len(r) for p, r in parts)
-    ids, att, resp = (torch.zeros(len(parts), T, dtype=torch.long) for _ in range(3))
-    for i, (p, r) in enumerate(parts):
-        n = len(p) + len(r)
-        off = T - n if side == "left" else 0
-        ids[i, off : off + n] = torch.tensor(p + r)
-        att[i, off : off + n] = 1
-        resp[i, off + len(p) : off + n] = 1
-    return ids, att, resp
-
-
-def make_batch(side: str = "right", *, seed: int = 0, sdpo: bool = True, dpo: bool = True) -> dict:
-    g = torch.Generator().manual_seed(seed)
-
-    def toks(n):
-        return torch.randint(3, 3000, (n,), generator=g).tolist()
-
-    responses = [toks(4), toks(3)]
-    batch = {}
-    batch["input_ids"], batch["attention_mask"], batch["response_mask"] = _seqs(
-        [(toks(5), responses[0]), (toks(3), responses[1])], side
-    )
-    if sdpo:  # hinted context (longer) + exactly the same response tokens
-        t_ids, t_att, t_mask = _seqs([(toks(8), responses[0]), (toks(9), responses[1])], side)
-        batch.update(ctx_teacher_input_ids=t_ids, ctx_teacher_attention_mask=t_att, sdpo_loss_mask=t_mask)
-    if dpo:
-        prompts = [toks(3), toks(4)]
-        for name, lens in (("chosen", (4, 2)), ("rejected", (5, 3))):
-            ids, att, mask = _seqs([(p, toks(n)) for p, n in zip(prompts, lens)], side)
-            batch.update({f"dpo_{name}_input_ids": ids, f"dpo_{name}_attention_mask": att,
-                          f"dpo_{name}_response_mask": mask})
-        batch["dpo_chosen_ref_logprobs"] = torch.tensor([-30.0, -20.0])
-        batch["dpo_rejected_ref_logprobs"] = torch.tensor([-35.0, -25.0])
-    return batch
 
 
 def _logits(model, ids, att):
@@ -210,18 +176,18 @@ def test_grpo_fires_with_rollout_keys_and_is_named_grpo(model):
         lp = token_logprobs_for(model, b["input_ids"], b["attention_mask"], response_mask=b["response_mask"])
     b.update(old_logprobs=lp - 0.1, rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 0]))
     cfg = GRPOLossConfig(loss_type="grpo", epsilon_high=0.28)
-    out = compose_loss(model, b, grpo=cfg)
+    out = compose_loss(model, b, loss_type="grpo", epsilon_high=0.28)
     assert out.policy_name == "grpo"
-    d = out.detached()
-    assert set(d) == {"grpo", "sdpo_jsd", "trace_replay_dpo", "total"}
-    assert "grpo/clip_ratio" in out.metrics
+    assert set(out.detached()) == {"lm_ce", "sdpo_jsd", "trace_replay_dpo", "total"}  # the spec's keys
+    m = out.metrics()
+    assert m["loss/grpo"] == float(out.lm_ce.detach()) and "loss/lm_ce" not in m and "loss/grpo/clip_ratio" in m
     adv = torch.tensor([1.0, -1.0]) / (torch.tensor([1.0, 0.0]).std() + 1e-4)
     ref, _ = grpo_loss(lp, lp - 0.1, adv, b["response_mask"], config=cfg)
     torch.testing.assert_close(out.lm_ce.detach(), ref, rtol=1e-5, atol=1e-6)
     # rewards without old_logprobs stay the LM cross-entropy fallback, never labelled grpo
     b.pop("old_logprobs")
     out2 = compose_loss(model, b)
-    assert out2.policy_name == "lm_ce" and "grpo" not in out2.detached()
+    assert out2.policy_name == "lm_ce" and not any(k.startswith("loss/grpo") for k in out2.metrics())
 
 
 @pytest.mark.parametrize("wrapper", ["taid", "entropy_opd"])
@@ -294,7 +260,12 @@ def test_detached_names_and_policy_alias():
     z = torch.tensor(0.5)
     c = LossComponents(lm_ce=z, sdpo_jsd=z, trace_replay_dpo=z, total=z)
     assert c.detached() == {"lm_ce": 0.5, "sdpo_jsd": 0.5, "trace_replay_dpo": 0.5, "total": 0.5}
-    assert c.policy is c.lm_ce and c.metrics == {}
+    assert c.policy is c.lm_ce and c.channel_metrics == {}
+    assert c.metrics() == {"loss/lm_ce": 0.5, "loss/total": 0.5}  # no channel 2/3 named: none reported
+    g = LossComponents(lm_ce=z, sdpo_jsd=z, trace_replay_dpo=z, total=z, policy_name="grpo", distill_name="taid",
+                       replay_name="simpo", channel_metrics={"taid": {"t": 0.3}})
+    assert g.detached() == c.detached()
+    assert g.metrics() == {"loss/grpo": 0.5, "loss/taid": 0.5, "loss/simpo": 0.5, "loss/total": 0.5, "loss/taid/t": 0.3}
 
 
 # ---------------------------------------------------------------------------- errors
@@ -354,7 +325,8 @@ def test_self_distillation_loss_is_channel_2_alone(model, chunk):
     model.zero_grad(set_to_none=True)
     loss, metrics = self_distillation_loss(model, b, sdpo_jsd_beta=0.3, chunk_size=chunk)
     assert torch.equal(loss.detach(), full.sdpo_jsd.detach())
-    assert metrics["sdpo/num_tokens"] == full.metrics["sdpo/num_tokens"] > 0
+    assert metrics["loss/jsd/num_tokens"] == full.metrics()["loss/jsd/num_tokens"] > 0
+    assert metrics["loss/jsd"] == full.metrics()["loss/jsd"]
     loss.backward()
     for n, p in model.named_parameters():
         if n in want:

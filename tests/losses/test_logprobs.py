@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from composer_replication.logprobs import (
+from composer_replication.losses.logprobs import (
     chunked_cross_entropy,
     chunked_distillation,
     chunked_distillation_loss,

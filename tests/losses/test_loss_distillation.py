@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from composer_replication.distillation import (
+from composer_replication.losses import (
     TAIDScheduler,
     avg_sequence_logprob,
     entropy_aware_opd_loss,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from composer_replication.dpo import dpo_loss, per_token_logprobs, sequence_logprobs
+from composer_replication.losses.dpo import dpo_loss, per_token_logprobs, sequence_logprobs
 
 ATOL = 1e-6
 
@@ -73,7 +73,7 @@ def test_dpo_loss_matches_formula(beta, eps):
     chosen = beta * (pc - rc).detach()
     rejected = beta * (pr - rr).detach()
     assert metrics["dpo/reward_margin"] == pytest.approx(float((chosen - rejected).mean()), abs=1e-12)
-    assert metrics["dpo/accuracy"] == pytest.approx(float((chosen > rejected).double().mean()))
+    assert metrics["dpo/reward_accuracy"] == pytest.approx(float((chosen > rejected).double().mean()))
     assert metrics["dpo/chosen_reward"] == pytest.approx(float(chosen.mean()), abs=1e-12)
     assert metrics["dpo/loss"] == pytest.approx(float(ref.detach()), abs=ATOL)
 
@@ -82,7 +82,7 @@ def test_dpo_at_zero_margin_is_log2():
     x = torch.tensor([-3.0, -1.0])
     loss, metrics = dpo_loss(x, x, x, x)
     assert float(loss) == pytest.approx(math.log(2))
-    assert metrics["dpo/accuracy"] == 0.0
+    assert metrics["dpo/reward_accuracy"] == 0.0
 
 
 def test_errors():

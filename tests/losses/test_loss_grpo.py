@@ -1,4 +1,4 @@
-"""GRPO loss and advantages (composer_replication.grpo) against loop references of TRL's formulas."""
+"""GRPO loss and advantages (composer_replication.losses.grpo) against loop references of TRL's formulas."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from composer_replication.grpo import GRPOLossConfig, group_advantages, grpo_loss
+from composer_replication.losses.grpo import GRPOLossConfig, group_advantages, grpo_loss
 
 ATOL = 1e-6
 B, T = 4, 6
@@ -116,9 +116,9 @@ def _ref_loss(lp, old, adv, mask, cfg, ref=None):
             rho = torch.exp(lr)
             clipped = torch.clamp(rho, 1 - cfg.epsilon_low, 1 + cfg.epsilon_high)
             ell = -torch.minimum(rho * adv[b], clipped * adv[b])
-            if cfg.beta > 0:
+            if cfg.kl_beta > 0:
                 d = ref[b, t] - lp[b, t]
-                ell = ell + cfg.beta * (torch.exp(d) - d - 1)
+                ell = ell + cfg.kl_beta * (torch.exp(d) - d - 1)
             row.append(ell)
         rows.append(row)
     total = sum(sum(r) for r in rows if r)
@@ -126,7 +126,7 @@ def _ref_loss(lp, old, adv, mask, cfg, ref=None):
         return sum(sum(r) / max(len(r), 1) for r in rows) / bsz
     if cfg.loss_type in ("bnpo", "dapo"):
         return total / sum(lengths)
-    max_len = cfg.max_completion_length or tlen
+    max_len = tlen  # max_completion_length=None: the batch's T
     return total / (bsz * max_len)
 
 
@@ -139,7 +139,7 @@ def test_grpo_loss_matches_reference(loss_type, level, beta, eps):
     cfg = GRPOLossConfig(
         loss_type=loss_type,
         importance_sampling_level=level,
-        beta=beta,
+        kl_beta=beta,
         epsilon_low=eps[0],
         epsilon_high=eps[1],
     )
@@ -165,8 +165,10 @@ def test_normalizers_of_each_loss_type():
     mask = torch.tensor([[0, 1, 0, 0, 0], [0, 1, 1, 1, 0]])
     adv = torch.tensor([1.0, 2.0], dtype=torch.float64)
 
-    def run(**kw):
-        return float(grpo_loss(lp, lp.detach(), adv, mask, config=GRPOLossConfig(**kw))[0].detach())
+    def run(max_completion_length=None, **kw):
+        loss, _ = grpo_loss(lp, lp.detach(), adv, mask, config=GRPOLossConfig(**kw),
+                            max_completion_length=max_completion_length)
+        return float(loss.detach())
 
     assert run(loss_type="grpo") == pytest.approx(-(1 + 2) / 2)
     assert run(loss_type="bnpo") == pytest.approx(-(1 + 6) / 4)
@@ -219,12 +221,12 @@ def test_sequence_level_ratio_is_exp_of_masked_mean_log_ratio():
 
 def test_k3_kl_metric_and_term():
     lp, old, ref, adv = _batch(seed=4)
-    _, m0 = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(beta=0.0), ref_logprobs=ref)
+    _, m0 = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(kl_beta=0.0), ref_logprobs=ref)
     d = (ref - lp).detach()
     kl = [math.exp(float(d[b, t])) - float(d[b, t]) - 1 for b in range(B) for t in range(T) if MASK[b, t]]
     assert m0["grpo/kl"] == pytest.approx(sum(kl) / len(kl), abs=1e-12)
-    l0, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(beta=0.0), ref_logprobs=ref)
-    l1, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(beta=0.5), ref_logprobs=ref)
+    l0, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(kl_beta=0.0), ref_logprobs=ref)
+    l1, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(kl_beta=0.5), ref_logprobs=ref)
     assert float((l1 - l0).detach()) == pytest.approx(0.5 * sum(kl) / len(kl), abs=1e-12)  # dapo: / sum(mask)
     _, m_none = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig())
     assert "grpo/kl" not in m_none
@@ -232,11 +234,11 @@ def test_k3_kl_metric_and_term():
 
 def test_values_outside_the_mask_are_ignored():
     lp, old, ref, adv = _batch(seed=5)
-    loss, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(beta=0.1), ref_logprobs=ref)
+    loss, _ = grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(kl_beta=0.1), ref_logprobs=ref)
     junk = torch.where(MASK.bool(), 0.0, 1e4).double()
     nan = torch.where(MASK.bool(), 0.0, math.nan).double()
     lp2 = (lp.detach() + junk).requires_grad_(True)
-    loss2, m2 = grpo_loss(lp2, old + nan, adv, MASK, config=GRPOLossConfig(beta=0.1), ref_logprobs=ref - junk)
+    loss2, m2 = grpo_loss(lp2, old + nan, adv, MASK, config=GRPOLossConfig(kl_beta=0.1), ref_logprobs=ref - junk)
     torch.testing.assert_close(loss2, loss, atol=1e-12, rtol=0)
     (g,) = torch.autograd.grad(loss2, lp2)
     assert torch.isfinite(g).all() and torch.all(g[~MASK.bool()] == 0)
@@ -258,14 +260,13 @@ def test_per_token_advantages_are_accepted():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"loss_type": "ppo"}, "loss_type must be one of"),
-        ({"importance_sampling_level": "tok"}, "importance_sampling_level must be one of"),
-        ({"scale_rewards": "std"}, "scale_rewards must be one of"),
-        ({"epsilon_low": 1.0}, "epsilon_low must be in \\[0, 1\\)"),
-        ({"epsilon_low": -0.1}, "epsilon_low must be in \\[0, 1\\)"),
-        ({"epsilon_high": -0.1}, "epsilon_high must be >= 0"),
-        ({"beta": -1.0}, "beta \\(KL weight\\) must be >= 0"),
-        ({"max_completion_length": 0}, "max_completion_length must be None or an int >= 1"),
+        ({"loss_type": "ppo"}, "'loss.loss_type' must be one of"),
+        ({"importance_sampling_level": "tok"}, "'loss.importance_sampling_level' must be one of"),
+        ({"scale_rewards": "std"}, "'loss.scale_rewards' must be one of"),
+        ({"epsilon_low": 1.0}, "'loss.epsilon_low' must be in \\[0, 1\\)"),
+        ({"epsilon_low": -0.1}, "'loss.epsilon_low' must be in \\[0, 1\\)"),
+        ({"epsilon_high": -0.1}, "'loss.epsilon_high' must be >= 0"),
+        ({"kl_beta": -1.0}, "'loss.kl_beta' must be >= 0"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -281,8 +282,8 @@ def test_config_is_keyword_only():
 def test_loss_errors():
     lp, old, ref, adv = _batch()
     cfg = GRPOLossConfig()
-    with pytest.raises(ValueError, match="config.beta=0.1 > 0 needs ref_logprobs"):
-        grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(beta=0.1))
+    with pytest.raises(ValueError, match="config.kl_beta=0.1 > 0 needs ref_logprobs"):
+        grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(kl_beta=0.1))
     with pytest.raises(ValueError, match="old_logprobs must have shape \\(4, 6\\)"):
         grpo_loss(lp, old[:, :-1], adv, MASK, config=cfg)
     with pytest.raises(ValueError, match="response_mask must have shape"):
@@ -296,6 +297,9 @@ def test_loss_errors():
     with pytest.raises(ValueError, match="response_mask is all zero"):
         grpo_loss(lp, old, adv, torch.zeros(B, T), config=cfg)
     with pytest.raises(ValueError, match="max_completion_length=3 is shorter than a response"):
-        grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(loss_type="dr_grpo", max_completion_length=3))
+        grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(loss_type="dr_grpo"), max_completion_length=3)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="max_completion_length must be None or an int >= 1"):
+            grpo_loss(lp, old, adv, MASK, config=GRPOLossConfig(loss_type="dr_grpo"), max_completion_length=bad)
     with pytest.raises(ValueError, match="config must be a GRPOLossConfig"):
         grpo_loss(lp, old, adv, MASK, config={"loss_type": "dapo"})  # type: ignore[arg-type]

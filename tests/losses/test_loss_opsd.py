@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from composer_replication.opsd import generalized_jsd_loss, generalized_jsd_per_token
+from composer_replication.losses.jsd import generalized_jsd_loss, generalized_jsd_per_token
 
 B, T, V = 3, 5, 7
 ATOL = 1e-6
