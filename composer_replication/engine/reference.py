@@ -42,7 +42,7 @@ class ReferenceLogprobCache:
     @torch.no_grad()
     def fill(self, batch: dict[str, torch.Tensor]) -> None:
         """Add ``dpo_{chosen,rejected}_ref_logprobs [P]`` (float32) to a ``batching.preference_batch`` batch."""
-        from composer_replication.loss import sequence_logprobs_for
+        from composer_replication.losses import sequence_logprobs_for
 
         for side in ("chosen", "rejected"):
             ids, attn = batch[f"dpo_{side}_input_ids"], batch[f"dpo_{side}_attention_mask"]

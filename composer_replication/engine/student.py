@@ -134,7 +134,7 @@ class StudentTrainerCore:
         )
         self.taid = None
         if config.loss.sdpo_wrapper == "taid":
-            from composer_replication.distillation import TAIDScheduler
+            from composer_replication.losses import TAIDScheduler
 
             L = config.loss
             self.taid = TAIDScheduler(
@@ -240,7 +240,7 @@ class StudentTrainerCore:
                                      scale_rewards=cfg.loss.scale_rewards, enable_sdpo=cfg.loss.alpha_sdpo > 0)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if cfg.loss.kl_beta > 0:
-            from composer_replication.loss import token_logprobs_for
+            from composer_replication.losses import token_logprobs_for
 
             with torch.no_grad(), self.timer.phase("reference"):
                 ref = token_logprobs_for(self.reference, batch["input_ids"], batch["attention_mask"],

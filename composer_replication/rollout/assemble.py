@@ -74,7 +74,7 @@ def assemble_batch(
             f"assemble_batch: rollouts refer to prompt {max(rollouts.prompt_index)} but {len(prompts)} prompts "
             "were given; pass the same prompts as to sample_rollouts."
         )
-    from composer_replication.grpo import group_advantages
+    from composer_replication.losses import group_advantages
 
     device = rollouts.input_ids.device
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=device)

@@ -156,7 +156,7 @@ def compute_token_logprobs(
         response_mask: ``[B, T]`` 1 on the tokens to score.
         chunk_size: token chunk (``None``: full logits).
     """
-    from composer_replication.loss import token_logprobs_for
+    from composer_replication.losses import token_logprobs_for
 
     lp = token_logprobs_for(model, input_ids, attention_mask, response_mask=response_mask, chunk_size=chunk_size)
     return torch.where(response_mask.bool(), lp.float(), torch.zeros((), dtype=torch.float32, device=lp.device))
