@@ -260,6 +260,7 @@ def test_hf_jobs_cancel_and_timeout(fake_hf) -> None:
     assert ex.poll(h) == "cancelled"
 
 
+@pytest.mark.slow
 def test_hf_jobs_command_runs_a_replica_for_real(fake_hf, tmp_path: Path) -> None:
     """Run the exact command and environment an HF Job would get, here, as a subprocess."""
     ex = HFJobsExecutor("img", python=sys.executable)

@@ -33,6 +33,7 @@ def test_every_executor_class_satisfies_the_protocol(ex: LocalProcessExecutor) -
     assert not isinstance(object(), ServerlessExecutor)
 
 
+@pytest.mark.slow
 def test_success_returns_results_in_rank_order_and_logs(ex: LocalProcessExecutor) -> None:
     handles = ex.launch_replicas(2, helpers.ok, {"value": 7})
     assert [h.rank for h in handles] == [0, 1] and all(h.backend_name == "local_process" for h in handles)
@@ -44,6 +45,7 @@ def test_success_returns_results_in_rank_order_and_logs(ex: LocalProcessExecutor
     assert "replica 1 says hello" in ex.stream_logs(handles[1])
 
 
+@pytest.mark.slow
 def test_failures_report_exit_code_and_error(ex: LocalProcessExecutor) -> None:
     raised = ex.launch_replicas(1, "tests_serverless_helpers.fail", {"message": "boom at step 3"})
     exited = ex.launch_replicas(1, helpers.exit_code, {"code": 3})
@@ -53,6 +55,7 @@ def test_failures_report_exit_code_and_error(ex: LocalProcessExecutor) -> None:
     assert (r2["status"], r2["exit_code"]) == ("failed", 3) and "exited with code 3" in r2["error"]
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_running_replica(ex: LocalProcessExecutor) -> None:
     (h,) = ex.launch_replicas(1, helpers.sleep, {"seconds": 60})
     assert ex.poll(h) == "running"
@@ -69,6 +72,7 @@ def test_launch_timeout_kills_the_replica_and_says_so(ex: LocalProcessExecutor) 
     assert r["status"] == "failed" and "launch timeout" in r["error"]
 
 
+@pytest.mark.slow
 def test_collect_timeout_cancels_what_is_left(ex: LocalProcessExecutor) -> None:
     handles = ex.launch_replicas(1, helpers.sleep, {"seconds": 60}) + ex.launch_replicas(
         1, helpers.ok, {"value": 1}
@@ -88,6 +92,7 @@ def test_bad_entrypoints_fail_at_launch(ex: LocalProcessExecutor) -> None:
         ex.launch_replicas(0, helpers.ok, {})
 
 
+@pytest.mark.slow
 def test_rank_env_is_configurable_and_gpu_only_warns(ex: LocalProcessExecutor) -> None:
     with pytest.warns(UserWarning, match="ignores gpu='H100'"):
         handles = ex.launch_replicas(
@@ -96,6 +101,7 @@ def test_rank_env_is_configurable_and_gpu_only_warns(ex: LocalProcessExecutor) -
     assert [r["result"] for r in ex.collect(handles, timeout=60)] == ["0", "1"]
 
 
+@pytest.mark.slow
 def test_replica_entrypoint_runs_replicas_through_the_store(ex: LocalProcessExecutor, tmp_path: Path) -> None:
     args = {
         "rendezvous_uri": f"file://{tmp_path}/run",
