@@ -11,8 +11,8 @@ backend (no display, no pyplot state):
   ``loss/jsd``, ``loss/taid`` or ``loss/entropy_opd``; ``loss/dpo`` or ``loss/simpo``), then ``loss/total``;
 - ``reward/mean`` with its ``reward/std`` band;
 - every ``eval/*`` rate at the steps it was measured (a row at the start of a fresh run and one at the end);
-- for DiLoCo runs, ``diloco/participants`` at each sync with the replicas' restarts marked (``restarts`` and
-  ``diloco_events`` of ``summary.json``).
+- for DiLoCo runs, ``diloco/live_replicas`` per step, ``diloco/participants`` at each sync, and the restarts
+  (``diloco/restarts``; ``restarts`` and ``diloco_events`` of ``summary.json``, each failure marked at its step).
 
 The recipe (``recipes.monarch.run``) writes the picture at the end of every run and prints its path.
 Exit codes: 0 written, 2 the folder, its metrics or its summary cannot be read (the message says which line).
@@ -212,30 +212,39 @@ def _panel_eval(ax: Any, rec: RunRecord) -> None:
     ax.legend(fontsize=6, ncol=2, loc="best")
 
 
+def _restarts(rec: RunRecord) -> tuple[float, str]:
+    """Total restarts and the per-replica detail: ``summary.json``'s ``restarts``, else the last row's count."""
+    per = {str(k): v for k, v in (rec.summary.get("restarts") or {}).items() if isinstance(v, (int, float))}
+    if per:
+        total = sum(per.values())
+        return total, f" {per}" if total else ""
+    counts = rec.series("diloco/restarts")[1]
+    return (counts[-1] if counts else 0.0), ""
+
+
 def _panel_diloco(ax: Any, rec: RunRecord) -> None:
-    restarts = {str(k): v for k, v in (rec.summary.get("restarts") or {}).items()}
-    total = sum(v for v in restarts.values() if isinstance(v, (int, float)))
-    ax.set_title(f"DiLoCo: participants per sync; restarts {total:g}" + (f" {restarts}" if total else ""))
+    total, detail = _restarts(rec)
+    ax.set_title(f"DiLoCo: replicas; restarts {total:g}{detail}")
+    top = 1.0
+    xs, ys = rec.series("diloco/live_replicas")
+    if xs:
+        ax.step(xs, ys, where="post", color="tab:gray", label="live replicas")
+        top = max(top, *ys)
     xs, ys = rec.series("diloco/participants")
     if xs:
-        ax.step(xs, ys, where="post", marker="o", markersize=3, color="tab:purple", label="participants")
-        ax.set_ylim(0, max(ys) + 1)
+        ax.plot(xs, ys, "o", markersize=4, color="tab:purple", label="participants at a sync")
+        top = max(top, *ys)
+    ax.set_ylim(0, top + 1)
     for ev in rec.summary.get("diloco_events") or []:
         if isinstance(ev, dict) and isinstance(ev.get("step"), (int, float)):
             ax.axvline(ev["step"], color="tab:red", linestyle="--", linewidth=1)
-            ax.text(
-                ev["step"],
-                0.2,
-                f" replica {ev.get('replica')} {ev.get('kind', '')}",
-                color="tab:red",
-                fontsize=6,
-                rotation=90,
-                va="bottom",
-            )
+            label = f" replica {ev.get('replica')} {ev.get('kind', '')}"
+            ax.text(ev["step"], 0.2, label, color="tab:red", fontsize=6, rotation=90, va="bottom")
+    ax.legend(fontsize=6, loc="lower right")
 
 
 def _is_diloco(rec: RunRecord) -> bool:
-    return bool(rec.series("diloco/participants")[0]) or "restarts" in rec.summary
+    return any(k.startswith("diloco/") for row in rec.train for k in row) or "restarts" in rec.summary
 
 
 def _title(rec: RunRecord) -> str:

@@ -41,7 +41,9 @@ def _run_folder(
             "reward/std": 0.05,
         }
         if diloco and k % 2 == 1:
-            row.update({"diloco/participants": 2.0 if k < 3 else 1.0, "diloco/param_sha256": "ab" * 32})
+            row.update({"diloco/participants": 2.0 if k < 3 else 1.0, "diloco/param_sha256/0": "ab" * 32})
+        if diloco:
+            row.update({"diloco/live_replicas": 2.0 if k < 2 else 1.0, "diloco/restarts": float(k >= 2)})
         rows.append(row)
     rows.append({"step": steps, "time": 9.0, **evals, "eval/mean": 0.5})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -88,7 +90,8 @@ def test_diloco_run_gets_its_participants_panel(tmp_path):
     run = _run_folder(tmp_path / "b", diloco=True)
     rec = load_run(run)
     assert rec.series("diloco/participants") == ([1.0, 3.0], [2.0, 1.0])
-    assert all("diloco/param_sha256" not in r for r in rec.train)  # digests are strings: not drawn
+    assert all("diloco/param_sha256/0" not in r for r in rec.train)  # digests are strings: not drawn
+    assert rec.series("diloco/live_replicas")[1] == [2.0, 2.0, 1.0, 1.0]
     assert _png_height(write_report(run)) > _png_height(plain)  # one more row of panels
 
 
