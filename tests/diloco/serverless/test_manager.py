@@ -49,6 +49,23 @@ def test_mock_manager_has_every_member_torchft_diloco_touches() -> None:
     assert {"num_participants", "rank"} <= set(dir(mgr))
 
 
+def test_mock_manager_also_covers_what_the_engine_replica_reads() -> None:
+    """composer_replication.diloco.replica.DilocoReplica (the mesh path) reads a few more manager members;
+    MockManager has them, so that replica can run serverless once it accepts a manager."""
+    replica = pytest.importorskip("composer_replication.diloco.replica")
+    tree = ast.parse(Path(inspect.getsourcefile(replica)).read_text())
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "manager"
+    }
+    assert "current_step" in used, used
+    mgr = MockManager(ObjectStoreAllReduce("memory://replica-surface", 0, 1))
+    assert not sorted(m for m in used if not hasattr(mgr, m))
+
+
 def test_world_size_1_commits_and_steps() -> None:
     mgr = MockManager(ObjectStoreAllReduce("memory://solo", 0, 1))
     t = torch.ones(3)
