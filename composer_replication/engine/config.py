@@ -111,6 +111,10 @@ class RolloutConfig:
     """Sampling temperature (> 0; greedy decoding is only used by ``evaluate``)."""
     top_p: float = 1.0
     """Nucleus sampling threshold in (0, 1]."""
+    old_logprob_pass: bool = False
+    """Score the samples again after generation for GRPO's old log-probs (one more forward pass over the
+    rollouts). Off by default: each rollout batch gets exactly one optimizer step, so the old policy is the
+    current one and GRPO uses the current log-probs, detached (ratio 1), as TRL does with one iteration."""
     pairs_per_step: int = 2
     """Trace-replay DPO pairs per step and per rank (0 disables channel 3)."""
     pair_refresh_every: int = 0

@@ -229,7 +229,7 @@ class StudentTrainerCore:
         rollouts = R.sample_rollouts(
             self.model, self.tokenizer, prompts, num_generations=r.num_generations,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=seed,
-            chunk_size=cfg.loss.chunk_size,
+            chunk_size=cfg.loss.chunk_size, old_logprobs=r.old_logprob_pass,
         )
         for phase, seconds in rollouts.timings.items():
             self.timer.add(phase, seconds)

@@ -131,7 +131,12 @@ class LMCrossEntropy(LossComponent):
 
 
 class GRPO(LossComponent):
-    """GRPO on rollouts: ``old_logprobs [B, T]`` + ``advantages [B]`` (or ``rewards``/``group_ids [B]``)."""
+    """GRPO on rollouts: ``old_logprobs [B, T]`` + ``advantages [B]`` (or ``rewards``/``group_ids [B]``).
+
+    Without ``old_logprobs`` (only ``advantages``) the batch is on-policy: one optimizer step per generation
+    batch, so the sampling policy is the current one and ``old = logprobs.detach()`` (ratio exactly 1, the
+    gradient that of the advantage-weighted log-likelihood), as TRL does with ``num_iterations=1``.
+    """
 
     name = "grpo"
     metric_names = ("ratio_mean", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "kl")
@@ -139,7 +144,7 @@ class GRPO(LossComponent):
     def __call__(self, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         inputs, cfg = ctx.inputs, ctx.config
         B, T = ctx.student.ids.shape
-        old = batch_tensor(inputs, "old_logprobs", (B, T))
+        old = batch_tensor(inputs, "old_logprobs", (B, T)) if "old_logprobs" in inputs else None
         if "advantages" in inputs:
             adv = batch_tensor(inputs, "advantages", (B,))
         else:
@@ -149,7 +154,7 @@ class GRPO(LossComponent):
         lp, _ = ctx.student.token_logprobs(ctx.response_mask)
         loss, m = grpo_loss(
             lp,
-            old,
+            lp.detach() if old is None else old,
             adv,
             ctx.response_mask,
             config=cfg,
@@ -160,9 +165,10 @@ class GRPO(LossComponent):
 
 
 def policy_component(inputs: dict[str, torch.Tensor]) -> LossComponent:
-    """Channel 1: :class:`GRPO` when ``inputs`` carries rollout data, else :class:`LMCrossEntropy`."""
-    rollout = "old_logprobs" in inputs and (
-        "advantages" in inputs or {"rewards", "group_ids"} <= inputs.keys()
+    """Channel 1: :class:`GRPO` when ``inputs`` carries rollout data (``advantages``, or ``old_logprobs`` with
+    ``rewards``/``group_ids``), else :class:`LMCrossEntropy`."""
+    rollout = "advantages" in inputs or (
+        "old_logprobs" in inputs and {"rewards", "group_ids"} <= inputs.keys()
     )
     return GRPO() if rollout else LMCrossEntropy()
 

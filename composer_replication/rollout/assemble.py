@@ -56,7 +56,7 @@ def assemble_batch(
 
     Returns:
         Channel 1: ``input_ids [B, T]``, ``attention_mask [B, T]``, ``response_mask [B, T]``,
-        ``old_logprobs [B, T]``, ``rewards [B]`` float32, ``group_ids [B]`` long, ``advantages [B]``.
+        ``old_logprobs [B, T]`` (when the rollouts have them), ``rewards [B]`` float32, ``group_ids [B]`` long, ``advantages [B]``.
         Channel 2, when at least one error site has a hint: ``ctx_teacher_input_ids [B2, Tt]``,
         ``ctx_teacher_attention_mask [B2, Tt]``, ``sdpo_loss_mask [B2, Tt]``,
         ``sdpo_student_index [N, 2]`` and ``sdpo_teacher_index [N, 2]`` long.
@@ -82,11 +82,12 @@ def assemble_batch(
         "input_ids": rollouts.input_ids,
         "attention_mask": rollouts.attention_mask,
         "response_mask": rollouts.response_mask,
-        "old_logprobs": rollouts.old_logprobs,
         "rewards": rewards,
         "group_ids": rollouts.group_ids,
         "advantages": group_advantages(rewards, rollouts.group_ids, scale_rewards=scale_rewards),
     }
+    if rollouts.old_logprobs is not None:
+        batch["old_logprobs"] = rollouts.old_logprobs
     if enable_sdpo:
         if hint_fn is None:
             from composer_replication.hint_generator import dispatch as hint_fn

@@ -50,7 +50,8 @@ class RolloutBatch:
         input_ids: ``[B, T]`` long, ``[pad | prompt | response | pad]``.
         attention_mask: ``[B, T]`` long, 1 on prompt and response tokens.
         response_mask: ``[B, T]`` long, 1 on response tokens.
-        old_logprobs: ``[B, T]`` float32 aligned log-probs of the sampling model, 0 off the response.
+        old_logprobs: ``[B, T]`` float32 aligned log-probs of the sampling model, 0 off the response; ``None``
+            when not computed (``old_logprobs=False``: the batch is trained on-policy, see ``losses.GRPO``).
         prompt_length: ``P``, the column where every response starts.
         num_generations: samples per prompt (``G``).
     """
@@ -64,7 +65,7 @@ class RolloutBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     prompt_length: int
     num_generations: int
     timings: dict[str, float] = field(default_factory=dict)
@@ -86,6 +87,7 @@ def sample_rollouts(
     seed: int = 0,
     chunk_size: int | None = 1024,
     group_offset: int = 0,
+    old_logprobs: bool = True,
 ) -> RolloutBatch:
     """Sample ``num_generations`` responses for every prompt and record their old log-probs.
 
@@ -100,6 +102,8 @@ def sample_rollouts(
         seed: seed of the local RNG used for sampling.
         chunk_size: token chunk of the log-prob kernel (``None``: full logits).
         group_offset: added to ``prompt_index`` to form ``group_ids`` (unique ids across calls).
+        old_logprobs: score the samples with the model after generation (one more forward pass). Skip it
+            when the batch gets exactly one optimizer step (the old policy is then the current one).
 
     Returns:
         A :class:`RolloutBatch` on the model's device.
@@ -119,20 +123,22 @@ def sample_rollouts(
     input_ids, attention_mask, response_mask = _layout(gen.prompt_ids, gen.prompt_mask, responses, fill)
     input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
     t1 = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
-    finally:
-        model.train(was_training)
+    old = None
+    if old_logprobs:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
+        finally:
+            model.train(was_training)
     timings = {"generate": t1 - t0, "old_logprobs": time.perf_counter() - t1}
     return RolloutBatch(
         prompt_index=index, prompt_ids=[gen.rendered[i] for i in index], response_ids=responses,
         texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=gen.truncated,
         group_ids=torch.tensor([group_offset + i for i in index], dtype=torch.long, device=device),
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
-        old_logprobs=old.detach(), prompt_length=P, num_generations=num_generations, timings=timings,
+        old_logprobs=None if old is None else old.detach(), prompt_length=P, num_generations=num_generations, timings=timings,
     )
 
 

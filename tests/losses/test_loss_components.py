@@ -248,3 +248,29 @@ def test_spec_paths_re_export_the_library(module, names):
     mod = importlib.import_module(module)
     for name in names:
         assert getattr(mod, name) is getattr(losses, name), f"{module}.{name}"
+
+
+def test_grpo_without_old_logprobs_is_on_policy(tiny_model_and_tokenizer):
+    """No ``old_logprobs``, only ``advantages``: old = current log-probs detached (TRL's num_iterations=1)."""
+    import copy
+
+    from composer_replication.losses import compose_loss, token_logprobs_for
+
+    model, _ = tiny_model_and_tokenizer
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (4, 12))
+    resp = torch.zeros_like(ids)
+    resp[:, 6:] = 1
+    base = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": resp,
+            "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}
+    with torch.no_grad():
+        old = token_logprobs_for(model, ids, base["attention_mask"], response_mask=resp, chunk_size=None)
+    grads = []
+    for batch in (base, {**base, "old_logprobs": old.float()}):
+        m = copy.deepcopy(model)
+        comps = compose_loss(m, batch, alpha_sdpo=0.0, beta_replay=0.0)
+        assert comps.policy_name == "grpo"
+        comps.total.backward()
+        grads.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
