@@ -11,7 +11,8 @@ Order of work, the same for every caller:
    rewrite ``config.yaml`` (a bad override never damages the run that is being resumed);
 2. a fresh run evaluates first (``eval_start``, an ``eval/*`` row at its start step);
 3. each step: ``train_step`` -> one ``metrics.jsonl`` row (plus ``extra_metrics``) -> ``on_step`` ->
-   a checkpoint every ``checkpoint_every`` steps and after the last;
+   a checkpoint every ``checkpoint_every`` steps and after the last; an ``eval/*`` row every
+   ``eval_every`` steps when asked (the learning curve);
 4. the final evaluation (``eval_end``, an ``eval/*`` row), then ``summary.json``.
 """
 
@@ -97,12 +98,16 @@ class DriveConfig:
     """Continue from the latest complete checkpoint (a fresh start when there is none)."""
     evaluate: bool = True
     """Evaluate at the start of a fresh run and at the end (``eval_start`` / ``eval_end``)."""
+    eval_every: int = 0
+    """Also evaluate after every N completed steps (an ``eval/*`` row each, for the learning curve); 0: never."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
             raise ValueError(f"'num_steps' must be >= 1, got {self.num_steps}")
         if self.checkpoint_every < 0:
             raise ValueError(f"'checkpoint_every' must be >= 0, got {self.checkpoint_every}")
+        if self.eval_every < 0:
+            raise ValueError(f"'eval_every' must be >= 0, got {self.eval_every}")
 
 
 def drive(
@@ -155,6 +160,8 @@ def drive(
         done = step + 1
         if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.num_steps:
             trainer.save(done, config.keep_last)
+        if config.evaluate and config.eval_every and done % config.eval_every == 0 and done < config.num_steps:
+            _evaluation(trainer, run, done)
     eval_end = _evaluation(trainer, run, config.num_steps) if config.evaluate else None
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = {
