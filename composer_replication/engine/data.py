@@ -19,7 +19,7 @@ __all__ = [
     "TrainingData",
     "MixedEnvironment",
     "build_training_data",
-    "select_eval_states",
+    "select_states",
     "prompts_for_step",
     "pairs_for_step",
     "pair_indices_for_step",
@@ -199,15 +199,17 @@ def _with_heldout_sessions(env: Any, prompts: list[Any], pairs: list[PreferenceP
                         eval_environment=eval_env, eval_max_new_tokens=eval_max_new_tokens)
 
 
-def select_eval_states(states: Sequence[dict[str, Any]], max_states: int) -> list[dict[str, Any]]:
+def select_states(states: Sequence[dict[str, Any]], max_states: int, *, stream: str = "eval-states"
+                  ) -> list[dict[str, Any]]:
     """At most ``max_states`` of ``states``, spread over them (a fixed draw, kept in the given order).
 
-    The same states are chosen in every run, so evaluations of different runs compare. ``max_states <= 0``
-    keeps them all.
+    The same states are chosen in every run (for a given ``stream``: ``"eval-states"`` for the held-out draw,
+    ``"train-states"`` for the training draw), so runs compare and every session can contribute.
+    ``max_states <= 0`` keeps them all.
     """
     if max_states <= 0 or len(states) <= max_states:
         return list(states)
-    keep = set(random.Random("eval-states").sample(range(len(states)), max_states))
+    keep = set(random.Random(stream).sample(range(len(states)), max_states))
     return [s for i, s in enumerate(states) if i in keep]
 
 

@@ -73,7 +73,8 @@ def _files(entries: list[str], key: str) -> list[Path]:
 
 
 def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
-    """Ingest ``data.sessions`` (any trace format) and keep the first ``data.max_states`` states.
+    """Ingest ``data.sessions`` (any trace format) and keep ``data.max_states`` states spread over all of them
+    (a fixed draw, ``engine.data.select_states``: every session can contribute, whatever the file order).
 
     Raises:
         ValueError: no state could be read, or ``data.num_eval_prompts`` leaves nothing to train on.
@@ -83,14 +84,10 @@ def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
     kwargs: dict[str, Any] = {}
     if config.data.max_history_tokens is not None:
         kwargs["max_history_tokens"] = config.data.max_history_tokens
-    states: list[dict[str, Any]] = []
-    for path in session_files(config):
-        for state in ingest_any(path, **kwargs):
-            states.append(dict(state))
-            if len(states) >= config.data.max_states:
-                break
-        if len(states) >= config.data.max_states:
-            break
+    from composer_replication.engine.data import select_states
+
+    states = [dict(state) for path in session_files(config) for state in ingest_any(path, **kwargs)]
+    states = select_states(states, config.data.max_states, stream="train-states")
     if not states:
         raise ValueError(f"'data.sessions' {config.data.sessions} gave no trace states; check the files' format")
     if config.data.num_eval_prompts >= len(states):
@@ -103,12 +100,12 @@ def load_states(config: RecipeConfig) -> list[dict[str, Any]]:
 
 def load_eval_states(config: RecipeConfig) -> list[dict[str, Any]]:
     """The held-out states: every state of ``data.eval_sessions``, then a fixed draw of ``data.max_eval_states``
-    spread over them (``engine.select_eval_states``); ``[]`` when ``data.eval_sessions`` is empty.
+    spread over them (``engine.data.select_states``); ``[]`` when ``data.eval_sessions`` is empty.
 
     Raises:
         ValueError: the held-out sessions give no state, or one is also a training file.
     """
-    from composer_replication.engine.data import select_eval_states
+    from composer_replication.engine.data import select_states
     from composer_replication.ingestion import ingest_any
 
     files = eval_session_files(config)
@@ -120,4 +117,4 @@ def load_eval_states(config: RecipeConfig) -> list[dict[str, Any]]:
     states = [dict(state) for path in files for state in ingest_any(path, **kwargs)]
     if not states:
         raise ValueError(f"'data.eval_sessions' {config.data.eval_sessions} gave no trace states; check the files' format")
-    return select_eval_states(states, config.data.max_eval_states)
+    return select_states(states, config.data.max_eval_states, stream="eval-states")

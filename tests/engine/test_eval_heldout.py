@@ -15,7 +15,7 @@ from composer_replication.engine import (
     run_plain,
 )
 from composer_replication.engine import student as student_module
-from composer_replication.engine.data import build_training_data, select_eval_states
+from composer_replication.engine.data import build_training_data, select_states
 from composer_replication.engine.evaluate import next_action_stats
 from composer_replication.rollout import NextActionEnvironment
 
@@ -69,13 +69,13 @@ def test_prompts_held_out_by_count_lose_their_pairs():
     assert not held & {p.state_id for p in data.pairs}
 
 
-def test_select_eval_states_is_a_fixed_spread_draw_in_order():
+def test_select_states_is_a_fixed_spread_draw_in_order():
     states = [state(f"s::{i:04d}", READ) for i in range(50)]
-    picked = select_eval_states(states, 12)
-    assert len(picked) == 12 and picked == select_eval_states(states, 12)
+    picked = select_states(states, 12)
+    assert len(picked) == 12 and picked == select_states(states, 12)
     ids = [s["state_id"] for s in picked]
     assert ids == sorted(ids) and int(ids[-1][3:]) - int(ids[0][3:]) > 25  # spread, not the first twelve
-    assert select_eval_states(states, 0) == states and select_eval_states(states[:5], 12) == states[:5]
+    assert select_states(states, 0) == states and select_states(states[:5], 12) == states[:5]
 
 
 # ---------------------------------------------------------------------------- the metrics
