@@ -272,6 +272,16 @@ DISTILL_COMPONENTS: dict[str, type[_Distillation]] = {"none": JSD, "taid": TAID,
 # ---------------------------------------------------------------------------- channel 3
 
 
+def _with_chosen_nll(loss: torch.Tensor, sums: list[torch.Tensor], counts: list[torch.Tensor], alpha: float
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``loss + alpha * NLL(chosen)`` (RPO): the chosen responses' negative log-likelihood, a token mean over
+    the ``[P]`` summed log-probs ``sums[0]`` and token counts ``counts[0]``. ``alpha == 0`` adds nothing."""
+    if alpha <= 0:
+        return loss, {}
+    nll = -sums[0].sum() / counts[0].sum().clamp(min=1)  # token mean over every chosen response
+    return loss + alpha * nll, {"chosen_nll": float(nll.detach())}
+
+
 def _pair_logprobs(ctx: LossContext) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Summed response log-probs ``[P]`` and response token counts ``[P]`` of the chosen and rejected rows."""
     inputs = ctx.inputs
@@ -299,7 +309,7 @@ class DPO(LossComponent):
     """Sigmoid DPO on summed response log-probs against the frozen reference's (``dpo_*_ref_logprobs [P]``)."""
 
     name = "dpo"
-    metric_names = ("num_pairs", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward")
+    metric_names = ("num_pairs", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward", "chosen_nll")
 
     def __call__(self, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         inputs, cfg = ctx.inputs, ctx.config
@@ -311,20 +321,21 @@ class DPO(LossComponent):
                 "the frozen reference: sequence_logprobs_for(ref_model, ...) under no_grad); or use "
                 "dpo_variant='simpo', or beta_replay=0."
             )
-        sums, _ = _pair_logprobs(ctx)
+        sums, counts = _pair_logprobs(ctx)
         P = sums[0].shape[0]
         rc, rr = (batch_tensor(inputs, k, (P,)) for k in _REF_KEYS)
         loss, m = dpo_loss(
             sums[0], sums[1], rc, rr, beta=cfg.replay_dpo_beta, label_smoothing=cfg.dpo_label_smoothing
         )
-        return loss, {"num_pairs": float(P), **_own(m, "dpo")}
+        loss, nll = _with_chosen_nll(loss, sums, counts, cfg.rpo_alpha)
+        return loss, {"num_pairs": float(P), **_own(m, "dpo"), **nll}
 
 
 class SimPO(LossComponent):
     """Reference-free SimPO on length-normalized response log-probs (reference keys are ignored)."""
 
     name = "simpo"
-    metric_names = ("num_pairs", "reward_margin", "reward_accuracy")
+    metric_names = ("num_pairs", "reward_margin", "reward_accuracy", "chosen_nll")
 
     def __call__(self, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = ctx.config
@@ -332,6 +343,7 @@ class SimPO(LossComponent):
         sums, counts = _pair_logprobs(ctx)
         chosen, rejected = sums[0] / counts[0].clamp(min=1), sums[1] / counts[1].clamp(min=1)
         loss = simpo_loss(chosen, rejected, beta=cfg.simpo_beta, gamma=cfg.simpo_gamma)
+        loss, nll = _with_chosen_nll(loss, sums, counts, cfg.rpo_alpha)
         with torch.no_grad():
             margin = cfg.simpo_beta * (chosen - rejected)  # [P] reward difference, before gamma
             metrics = {
@@ -339,7 +351,7 @@ class SimPO(LossComponent):
                 "reward_margin": float(margin.mean()),
                 "reward_accuracy": float((margin > 0).float().mean()),
             }
-        return loss, metrics
+        return loss, {**metrics, **nll}
 
 
 REPLAY_COMPONENTS: dict[str, type[LossComponent]] = {"dpo": DPO, "simpo": SimPO}

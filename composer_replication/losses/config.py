@@ -107,9 +107,13 @@ class LossConfig(GRPOLossConfig):
     """Label smoothing of the LM cross-entropy fallback of channel 1."""
     dpo_label_smoothing: float = 0.0
     """Label smoothing (conservative DPO) of channel 3."""
+    rpo_alpha: float = 0.0
+    """Weight of the negative log-likelihood of the chosen responses (token mean) added to channel 3, with DPO or
+    SimPO (RPO, arXiv 2404.19733; TRL's ``rpo_alpha``): the pull towards the chosen action that a preference
+    loss alone loses once it saturates. 0 disables it."""
 
     def __post_init__(self) -> None:
-        for key in ("alpha_sdpo", "beta_replay", "replay_dpo_beta", "simpo_beta"):
+        for key in ("alpha_sdpo", "beta_replay", "replay_dpo_beta", "simpo_beta", "rpo_alpha"):
             _check(getattr(self, key) >= 0, f"loss.{key}", f"must be >= 0, got {getattr(self, key)!r}")
         _check(
             0 <= self.sdpo_jsd_beta <= 1,

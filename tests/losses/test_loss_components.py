@@ -274,3 +274,21 @@ def test_grpo_without_old_logprobs_is_on_policy(tiny_model_and_tokenizer):
         grads.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("variant", ["dpo", "simpo"])
+def test_rpo_adds_the_chosen_token_mean_nll_to_channel_three(model, variant):
+    """``rpo_alpha``: channel 3 = preference loss + alpha * NLL(chosen), the NLL a token mean (TRL's RPO)."""
+    batch = _rollout_batch(model)
+    base = compose_loss(model, batch, LossConfig(dpo_variant=variant, beta_replay=1.0))
+    rpo = compose_loss(model, batch, LossConfig(dpo_variant=variant, beta_replay=1.0, rpo_alpha=0.5))
+    ids, mask = batch["dpo_chosen_input_ids"], batch["dpo_chosen_response_mask"]
+    with torch.no_grad():
+        lp = token_logprobs_for(model, ids, batch["dpo_chosen_attention_mask"], response_mask=mask)
+    nll = -(lp * mask).sum() / mask.sum()  # aligned log-probs: 0 off the response
+    got = rpo.metrics()
+    assert got[f"loss/{variant}/chosen_nll"] == pytest.approx(float(nll), rel=1e-4)
+    assert float(rpo.trace_replay_dpo) == pytest.approx(float(base.trace_replay_dpo) + 0.5 * float(nll), rel=1e-5)
+    assert f"loss/{variant}/chosen_nll" not in base.metrics()
+    with pytest.raises(ValueError, match="loss.rpo_alpha"):
+        LossConfig(rpo_alpha=-1.0)
