@@ -6,8 +6,13 @@ whose :meth:`RoleMeshes.stop` stops every mesh it spawned (each stop with a time
 never raised), so a recipe can call it in ``finally:``. Spawning is non-blocking; the processes import
 torch when their first actor is set up (5-10 s each), so keep the meshes for the whole run.
 
-:func:`attach_meshes` (several hosts: Monarch workers reached with ``attach_to_workers``) is the next
-issue and raises ``NotImplementedError``.
+:func:`attach_meshes` builds the same roles on remote Monarch workers (``python -m recipes.monarch.worker
+--address tcp://HOST:PORT`` on each host, reached with ``attach_to_workers``), one host mesh per worker.
+
+DiLoCo replicas get one proc mesh each (a dead replica never breaks a whole-mesh call): a
+:class:`ReplicaHosts` spawns replica ``i``'s proc mesh on this host or on its worker, and moves a slot whose
+worker stopped answering to a spare worker (which must be at a new address: a worker restarted at the same
+address is never answered again by the same client, ``../shared/notes/monarch.md`` §10).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RoleMeshes", "local_meshes", "attach_meshes", "child_pids"]
+__all__ = ["RoleMeshes", "ReplicaHosts", "local_meshes", "attach_meshes", "child_pids", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +34,11 @@ class RoleMeshes:
     teacher: Any
     """Proc mesh hosting the ``TeacherReplay`` actor."""
     trainer: Any
-    """Proc mesh ``{"replica": num_replicas}`` hosting the ``StudentTrainer`` actors."""
+    """Proc mesh ``{"replica": num_replicas}`` hosting the ``StudentTrainer`` actors (``None`` with DiLoCo)."""
     reducer: Any
     """Proc mesh hosting the ``Reducer`` actor."""
+    replica_hosts: ReplicaHosts | None = None
+    """Where DiLoCo replicas spawn their own proc meshes (``None`` without DiLoCo)."""
     spawned: list[tuple[str, Any]] = field(default_factory=list)
     """Every (name, mesh) spawned, in order (actor meshes are added by the recipe); stopped in reverse."""
 
@@ -51,23 +58,105 @@ class RoleMeshes:
         for name, mesh in [*reversed(self.spawned), *procs]:
             if mesh is None:
                 continue
-            try:
-                mesh.stop().get(timeout=timeout_s)
-            except Exception as exc:  # noqa: BLE001 - shutdown must go on
-                errors.append(f"{name}: {type(exc).__name__}: {str(exc).strip()[:200]}")
-                log.warning("stopping %s failed: %s", name, errors[-1])
+            _stop(name, mesh, timeout_s, errors)
+        for address, host in (self.replica_hosts.hosts.items() if self.replica_hosts else []):
+            _stop(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
         self.spawned.clear()
         self.teacher = self.trainer = self.reducer = None
         return errors
 
 
-def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None) -> RoleMeshes:
+def _stop(name: str, mesh: Any, timeout_s: float, errors: list[str]) -> None:
+    """``mesh.stop()`` with a timeout; an error is logged and appended to ``errors``."""
+    try:
+        mesh.stop().get(timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - shutdown must go on
+        errors.append(f"{name}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+        log.warning("stopping %s failed: %s", name, errors[-1])
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a worker address ``tcp://HOST:PORT`` names this machine's loopback (127.x, localhost, ::1)."""
+    host = worker_host(address)
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def worker_host(address: str) -> str:
+    """``HOST`` of ``tcp://HOST:PORT`` (the part other processes dial)."""
+    rest = address.split("://", 1)[-1].split("@", 1)[0]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+class ReplicaHosts:
+    """Spawns DiLoCo replica ``i``'s own 1-proc mesh: on this host, or on the worker its slot is placed on.
+
+    Args:
+        env: extra environment variables for local procs.
+        workers: attached worker addresses (replica ``i`` on ``workers[i % len(workers)]``); empty = this host.
+        spares: spare worker addresses, attached only when a slot's worker is lost.
+    """
+
+    def __init__(self, *, env: dict[str, str] | None = None, workers: list[str] | None = None,
+                 spares: list[str] | None = None) -> None:
+        self.env = dict(env or {})
+        self.workers = list(workers or [])
+        self.spares = list(spares or [])
+        self.slot_worker: dict[int, str] = {}
+        self.hosts: dict[str, Any] = {}
+        """Attached host meshes by worker address (shared with :class:`RoleMeshes`)."""
+
+    def where(self, index: int) -> str:
+        """``"local"`` or the worker address replica ``index`` runs on."""
+        if not self.workers:
+            return "local"
+        return self.slot_worker.setdefault(index, self.workers[index % len(self.workers)])
+
+    def advertise_host(self, index: int) -> str:
+        """The host name other replicas reach replica ``index`` at (store, checkpoint server)."""
+        where = self.where(index)
+        return "127.0.0.1" if where == "local" or is_loopback(where) else worker_host(where)
+
+    def spawn(self, index: int) -> Any:
+        """A fresh 1-proc mesh for replica ``index`` (non-blocking)."""
+        from monarch.actor import default_bootstrap_cmd, this_host
+
+        where = self.where(index)
+        if where == "local":
+            kwargs: dict[str, Any] = {}
+            if self.env:
+                kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(self.env))
+            return this_host().spawn_procs(per_host={"procs": 1}, **kwargs)
+        return self.host(where).spawn_procs(per_host={"procs": 1})
+
+    def host(self, address: str) -> Any:
+        """The host mesh of worker ``address`` (attached on first use)."""
+        if address not in self.hosts:
+            from monarch.actor import attach_to_workers
+
+            self.hosts[address] = attach_to_workers(name=f"worker_{len(self.hosts)}", ca="trust_all_connections",
+                                                    workers=[address])
+        return self.hosts[address]
+
+    def replace_worker(self, index: int) -> str | None:
+        """Move slot ``index`` to the next spare worker; its address, or ``None`` when no spare is left."""
+        lost = self.where(index)
+        if not self.spares:
+            return None
+        new = self.spares.pop(0)
+        for slot, address in list(self.slot_worker.items()):
+            if address == lost:  # every slot on the lost worker moves
+                self.slot_worker[slot] = new
+        return new
+
+
+def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None, diloco: bool = False) -> RoleMeshes:
     """Spawn the three role proc meshes on the local host (``this_host()``).
 
     Args:
         num_replicas: trainer replicas (one process each; on GPU, one GPU each: ``device: auto``
             picks ``cuda:<replica>``).
         env: extra environment variables for every process (e.g. ``{"OMP_NUM_THREADS": "1"}``).
+        diloco: no shared trainer mesh; ``replica_hosts`` spawns one proc mesh per replica instead.
 
     Raises:
         ValueError: ``num_replicas < 1``.
@@ -81,21 +170,41 @@ def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None) ->
     if env:
         kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(env))
     teacher = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    trainer = host.spawn_procs(per_host={"replica": num_replicas}, **kwargs)
+    trainer = None if diloco else host.spawn_procs(per_host={"replica": num_replicas}, **kwargs)
     reducer = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=reducer)
+    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=reducer,
+                      replica_hosts=ReplicaHosts(env=env) if diloco else None)
 
 
-def attach_meshes(workers: list[str], *, num_replicas: int = 1) -> RoleMeshes:
-    """Build the role meshes on remote Monarch workers (``attach_to_workers``): the multi-host issue.
+def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teacher_worker: int = 0,
+                  reducer_worker: int = 0) -> RoleMeshes:
+    """Build the role meshes on Monarch workers (``python -m recipes.monarch.worker --address tcp://HOST:PORT``).
+
+    Call it before any other Monarch call of the process: it enables the TCP transport
+    (``tcp://127.0.0.1:0`` when every worker is on loopback). The teacher and the reducer get a 1-proc
+    mesh on ``workers[teacher_worker]`` / ``workers[reducer_worker]``; DiLoCo replica ``i`` gets its own
+    proc mesh on ``workers[i % len(workers)]`` (through ``replica_hosts``).
 
     Raises:
-        NotImplementedError: always, for now; run ``local_meshes`` (single node) instead.
+        ValueError: no workers, a worker index out of range, or an address that is not ``tcp://HOST:PORT``.
     """
-    raise NotImplementedError(
-        "attaching to remote Monarch workers (multi-host meshes) is the next issue; "
-        f"got workers={workers!r}. Use the single-node recipe (local_meshes) for now."
-    )
+    from monarch.actor import enable_transport
+
+    if not workers:
+        raise ValueError("'mesh.workers' is empty; list worker addresses (tcp://HOST:PORT) or use one node")
+    for address in [*workers, *(spares or [])]:
+        if not address.startswith("tcp://") or ":" not in address[len("tcp://"):]:
+            raise ValueError(f"worker address {address!r} must look like tcp://HOST:PORT")
+    for key, idx in (("teacher_worker", teacher_worker), ("reducer_worker", reducer_worker)):
+        if not 0 <= idx < len(workers):
+            raise ValueError(f"'mesh.{key}' must index 'mesh.workers' (0..{len(workers) - 1}), got {idx}")
+    loopback = all(is_loopback(a) for a in [*workers, *(spares or [])])
+    enable_transport("tcp://127.0.0.1:0" if loopback else "tcp")
+    hosts = ReplicaHosts(workers=workers, spares=spares)
+    teacher = hosts.host(workers[teacher_worker]).spawn_procs(per_host={"procs": 1})
+    reducer = hosts.host(workers[reducer_worker]).spawn_procs(per_host={"procs": 1})
+    meshes = RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)
+    return meshes
 
 
 def child_pids(pid: int | None = None) -> list[int]:

@@ -7,6 +7,11 @@ endpoint forwards to one method of :class:`~composer_replication.engine.StudentT
 the checkpoint functions. Errors are re-raised naming ``trainer rank <r>`` (:func:`~meshes.supervision.names_rank`).
 
 Checkpoints: rank 0 writes ``<run>/checkpoints/``; rank ``r > 0`` writes ``<run>/replicas/rank_<r>/checkpoints/``.
+
+DiLoCo (``docs/diloco.md``): each replica runs in its own 1-proc mesh (``setup(rank=r, shard=True)`` trains on
+its disjoint data shard); ``join_diloco`` builds its torchft manager and DiLoCo
+(:class:`~composer_replication.diloco.replica.DilocoReplica`), after which ``train_step`` runs the outer sync
+inside the round's last inner step, ``save`` adds the DiLoCo state and ``leave_diloco`` stops the manager.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class StudentTrainer(Actor):
         self.rank = int(point.rank)  # global rank: read here, not in endpoints (a slice renumbers ranks)
         self.core: Any = None
         self.fault: FaultSpec | None = None
+        self.diloco: Any = None  # DilocoReplica after join_diloco
+        self.pending_diloco: dict[str, Any] | None = None  # DiLoCo state of a loaded checkpoint, applied at join
 
     @endpoint
     @names_rank("trainer")
@@ -66,6 +73,8 @@ class StudentTrainer(Actor):
         eval_max_new_tokens: int | None = None,
         inject_fault: str | None = None,
         threads: int = 0,
+        rank: int | None = None,
+        shard: bool = False,
     ) -> dict[str, Any]:
         """Build the training data and the ``StudentTrainerCore`` (model, reference, optimizer).
 
@@ -77,6 +86,8 @@ class StudentTrainer(Actor):
             eval_states, eval_max_new_tokens: held-out sessions' states and the answer length of ``evaluate``
                 (``build_training_data``).
             threads: ``torch.set_num_threads`` for this process (0 leaves the default).
+            rank: this replica's rank when each replica has its own 1-proc mesh (default: the mesh rank).
+            shard: train on the disjoint shard ``rank::world_size`` of the data (DiLoCo replicas).
 
         Returns:
             ``{"rank", "pid", "device", "n_prompts", "n_pairs", "n_params"}``.
@@ -85,6 +96,8 @@ class StudentTrainer(Actor):
 
         from composer_replication.engine import StudentTrainerCore, build_training_data
 
+        if rank is not None:
+            self.rank = int(rank)
         if threads > 0:
             torch.set_num_threads(threads)
         tasks = None
@@ -95,6 +108,10 @@ class StudentTrainer(Actor):
         data = build_training_data(config.rollout.environment, states=states, pairs=pairs, tasks=tasks,
                                    num_eval_prompts=num_eval_prompts, seed=config.seed, eval_states=eval_states,
                                    eval_max_new_tokens=eval_max_new_tokens)
+        if shard:
+            from composer_replication.diloco.replica import shard_training_data
+
+            data = shard_training_data(data, self.rank, world_size, keep_eval=config.rollout.prompts_per_step)
         self.core = StudentTrainerCore(config, data=data, rank=self.rank, world_size=world_size,
                                        local_rank=self.rank)
         self.fault = FaultSpec(inject_fault) if inject_fault else None
@@ -115,6 +132,8 @@ class StudentTrainer(Actor):
         """One optimizer step (``StudentTrainerCore.train_step``); returns its metrics."""
         if self.fault is not None:
             self.fault.maybe_fire("trainer", self.rank, step)
+        if self.diloco is not None:
+            return self.diloco.train_step(step)
         return self._core().train_step(step)
 
     @endpoint
@@ -129,20 +148,60 @@ class StudentTrainer(Actor):
         """Save this replica's full state as checkpoint ``step`` (see :func:`replica_dir`); returns its folder."""
         from composer_replication.engine import save_checkpoint
 
-        return str(save_checkpoint(replica_dir(run_dir, self.rank), step, self._core().state_dict(),
-                                   keep_last=keep_last))
+        state = self._core().state_dict()
+        if self.diloco is not None:
+            state["diloco"] = self.diloco.state_dict()
+        return str(save_checkpoint(replica_dir(run_dir, self.rank), step, state, keep_last=keep_last))
 
     @endpoint
     @names_rank("trainer")
-    def load_latest(self, run_dir: str) -> int:
-        """Restore this replica's latest complete checkpoint; returns the step to continue from (0: none)."""
+    def load_latest(self, run_dir: str, max_step: int | None = None) -> int:
+        """Restore this replica's latest complete checkpoint (of at most ``max_step``); returns the step to
+        continue from (0: none). A checkpoint's DiLoCo state is applied by ``join_diloco``."""
         from composer_replication.engine import latest_checkpoint, load_checkpoint
 
-        ckpt = latest_checkpoint(replica_dir(run_dir, self.rank))
+        ckpt = latest_checkpoint(replica_dir(run_dir, self.rank), max_step=max_step)
         if ckpt is None:
             return 0
-        self._core().load_state_dict(load_checkpoint(ckpt))
+        state = load_checkpoint(ckpt)
+        self._core().load_state_dict(state)
+        self.pending_diloco = state.get("diloco")
         return int(self._core().step)
+
+    @endpoint
+    @names_rank("trainer")
+    def latest_step(self, run_dir: str) -> int:
+        """The step of this replica's latest complete checkpoint (0: none), without loading it."""
+        from composer_replication.engine import latest_checkpoint
+        from composer_replication.engine.checkpoint import checkpoint_step
+
+        ckpt = latest_checkpoint(replica_dir(run_dir, self.rank))
+        return 0 if ckpt is None else checkpoint_step(ckpt)
+
+    @endpoint
+    @names_rank("trainer")
+    def join_diloco(self, config: Any, *, lighthouse_addr: str, host: str = "127.0.0.1", local_step: int = 0) -> str:
+        """Build this replica's torchft manager and DiLoCo (``DilocoReplica``; ``config`` a ``DilocoConfig``),
+        ``local_step`` inner steps into the current round; applies a loaded checkpoint's DiLoCo state.
+        Returns the parameter digest."""
+        from composer_replication.diloco.replica import DilocoReplica, param_sha256
+
+        if self.diloco is not None:
+            raise RuntimeError("join_diloco called twice on one replica; call leave_diloco first")
+        self.diloco = DilocoReplica(self._core(), config, replica_id=f"replica_{self.rank}",
+                                    lighthouse_addr=lighthouse_addr, host=host, local_step=local_step)
+        if self.pending_diloco is not None:
+            self.diloco.load_state_dict(self.pending_diloco)
+            self.pending_diloco = None
+        return param_sha256(self._core().model)
+
+    @endpoint
+    @names_rank("trainer")
+    def leave_diloco(self) -> None:
+        """Stop this replica's manager (its heartbeat ends: no quorum waits for it) and unhook DiLoCo."""
+        if self.diloco is not None:
+            self.diloco.shutdown()
+            self.diloco = None
 
     @endpoint
     @names_rank("trainer")

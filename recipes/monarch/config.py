@@ -1,7 +1,7 @@
 """The Monarch recipe's configuration tree, its presets, and every check that runs before a process is spawned.
 
 ``RecipeConfig`` nests the student's :class:`~composer_replication.engine.StudentConfig` with the
-recipe's own sections (``data``, ``teachers``, ``mesh``, ``run``). :func:`load_config` reads a preset
+recipe's own sections (``data``, ``teachers``, ``mesh``, ``diloco``, ``run``). :func:`load_config` reads a preset
 name (``single_node``, ``tiny``, ``gpu_single_node``...) or a YAML path, applies ``key.sub=value``
 overrides, builds the typed tree (unknown keys and wrong types name the dotted key), then
 :func:`check_config` checks files and sizes. All of this happens in the controller, before any mesh.
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from composer_replication.diloco.config import DilocoConfig
 from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
 from composer_replication.engine.config import yaml_error_text
 from recipes.monarch.run_folder import check_fresh_run_dir, open_run_dir
@@ -25,6 +26,7 @@ __all__ = [
     "DataConfig",
     "TeachersConfig",
     "MeshConfig",
+    "DilocoConfig",
     "RunConfig",
     "RecipeConfig",
     "list_presets",
@@ -134,6 +136,15 @@ class MeshConfig:
     """``torch.set_num_threads`` in each actor process (0: torch's default)."""
     inject_fault: str | None = None
     """Testing aid: ``ACTOR:RANK:STEP:MODE`` (e.g. ``trainer:0:1:exit``) makes that actor raise or exit."""
+    workers: list[str] = field(default_factory=list)
+    """Monarch workers to run on (``python -m recipes.monarch.worker --address tcp://HOST:PORT`` on each host);
+    empty = this host. DiLoCo replica ``i`` runs on ``workers[i % len(workers)]``."""
+    spare_workers: list[str] = field(default_factory=list)
+    """Workers held back for ``diloco.on_host_loss: replace`` (each at an address not used before in the run)."""
+    teacher_worker: int = 0
+    """Index into ``workers`` of the teacher's host."""
+    reducer_worker: int = 0
+    """Index into ``workers`` of the reducer's host."""
 
 
 @dataclass(kw_only=True)
@@ -164,6 +175,8 @@ class RecipeConfig:
     """Teacher replay."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
     """Meshes and timeouts."""
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    """DiLoCo across replicas that train one model (``replicas: 1`` = plain training)."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run folder and display."""
 
@@ -197,12 +210,45 @@ class RecipeConfig:
             from meshes.trainer import FaultSpec
 
             FaultSpec(self.mesh.inject_fault)
+        self._check_diloco()
         r = self.student.rollout
         if r.max_new_tokens >= self.student.max_seq_len:
             raise ValueError(
                 f"'student.rollout.max_new_tokens' ({r.max_new_tokens}) must be < 'student.max_seq_len' "
                 f"({self.student.max_seq_len}): prompt and response must fit in one sequence"
             )
+
+    def _check_diloco(self) -> None:
+        """DiLoCo's cross-section rules (replicas, rounds against steps and checkpoints, workers)."""
+        d, m = self.diloco, self.mesh
+        for address in [*m.workers, *m.spare_workers]:
+            host_port = address.removeprefix("tcp://")
+            if not address.startswith("tcp://") or not host_port.rpartition(":")[2].isdigit():
+                raise ValueError(f"'mesh.workers' / 'mesh.spare_workers' entry {address!r} must look like "
+                                 "tcp://HOST:PORT")
+        if len(set(m.workers + m.spare_workers)) != len(m.workers) + len(m.spare_workers):
+            raise ValueError("'mesh.workers' and 'mesh.spare_workers' must list each address once")
+        for key in ("teacher_worker", "reducer_worker"):
+            if m.workers and not 0 <= getattr(m, key) < len(m.workers):
+                raise ValueError(f"'mesh.{key}' must index 'mesh.workers' (0..{len(m.workers) - 1}), "
+                                 f"got {getattr(m, key)}")
+        if not d.enabled:
+            if m.workers:
+                raise ValueError("'mesh.workers' needs 'diloco.replicas' >= 2 (replicas are what runs on the workers)")
+            return
+        if m.num_replicas != 1:
+            raise ValueError(f"'mesh.num_replicas' is {m.num_replicas} and 'diloco.replicas' is {d.replicas}: "
+                             "set only diloco.replicas (replicas that train one model)")
+        if self.student.num_steps % d.sync_every:
+            raise ValueError(f"'student.num_steps' ({self.student.num_steps}) must be a multiple of "
+                             f"'diloco.sync_every' ({d.sync_every}): the run ends on a sync, with one model")
+        if self.run.checkpoint_every % d.sync_every:
+            raise ValueError(f"'run.checkpoint_every' ({self.run.checkpoint_every}) must be a multiple of "
+                             f"'diloco.sync_every' ({d.sync_every}) (or 0): checkpoints are taken right after a sync")
+        if d.pg_timeout_s >= self.mesh.call_timeout_s:
+            raise ValueError(f"'diloco.pg_timeout_s' ({d.pg_timeout_s}) must be below 'mesh.call_timeout_s' "
+                             f"({self.mesh.call_timeout_s}): a step waiting on a dead peer must end before its call "
+                             "times out")
 
     def student_samples(self) -> dict[str, Any] | None:
         """What the teacher actor needs to sample the student's own actions (``teachers.student_samples``), or

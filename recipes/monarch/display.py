@@ -3,7 +3,8 @@
 :class:`Display` shows the replay (calls done, pairs formed, teacher spend) and then one row of
 progress per training step: step, each loss channel under the name of the loss that ran (``loss/grpo``
 or ``loss/lm_ce``, ``loss/jsd``/``loss/taid``/``loss/entropy_opd``, ``loss/dpo``/``loss/simpo``), the total,
-the reward, tokens/s and the teacher spend.
+the reward, tokens/s and the teacher spend; with DiLoCo also the live replicas, the restarts and the outer
+step at each sync.
 :func:`summary_rows` / :meth:`Display.summary` render the end-of-run table.
 """
 
@@ -36,6 +37,10 @@ def format_step(step: int, num_steps: int, metrics: dict[str, float], spent_usd:
     parts.append(f"reward={_fmt(metrics.get('reward/mean'), 3)}")
     parts.append(f"tok/s={_fmt(metrics.get('perf/tokens_per_s'), 4)}")
     parts.append(f"spend=${spent_usd:.4f}")
+    if "diloco/live_replicas" in metrics:
+        parts.append(f"replicas={metrics['diloco/live_replicas']:.0f} restarts={metrics.get('diloco/restarts', 0):.0f}")
+        if "diloco/outer_step" in metrics:
+            parts.append(f"sync={metrics['diloco/outer_step']:.0f}(n={metrics.get('diloco/participants', 0):.0f})")
     return "  ".join(parts)
 
 
@@ -56,6 +61,13 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         for key, value in (summary.get(name) or {}).items():
             if key == "eval/mean":
                 rows.append((f"{name} reward", _fmt(value)))
+    if "restarts" in summary:
+        rows.append(("replica restarts", ", ".join(f"{i}: {n}" for i, n in summary["restarts"].items())))
+        digests = summary.get("replica_param_sha256") or {}
+        same = len(set(digests.values())) == 1
+        rows.append(("replica parameters (sha256)",
+                     f"{len(digests)} replica(s), {'identical' if same else 'DIFFER'}: "
+                     + ", ".join(f"{i}={d[:12]}" for i, d in digests.items())))
     rows.append(("wall time (s)", f"{summary.get('wall_time_s', 0.0):.1f}"))
     return rows
 

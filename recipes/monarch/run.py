@@ -1,12 +1,15 @@
-"""Composer-style post-training on Monarch actor meshes, on one node.
+"""Composer-style post-training on Monarch actor meshes, on one node or on several hosts.
 
     python -m recipes.monarch.run                                   # preset single_node (SmolLM2-135M, CPU ok)
     python -m recipes.monarch.run --config tiny student.num_steps=4 # any preset or YAML, plus key.sub=value
+    python -m recipes.monarch.run --config diloco                   # 2 DiLoCo replicas train one model
+    python -m recipes.monarch.run --config multi_host mesh.workers=[tcp://h1:26601,tcp://h2:26601]
     python -m recipes.monarch.run --resume runs/monarch-20261130-171500
 
 Ingest the traces, replay them with the teachers (TeacherReplay actor; pairs stream back as they form),
 normalize the pairs, train the StudentTrainer replicas with all three channels (their metrics folded by
-the Reducer), checkpoint, evaluate, and write the run folder (docs/recipes.md). Exit codes: 0 done,
+the Reducer; with ``diloco.replicas > 1`` they train one model, docs/diloco.md), checkpoint, evaluate, and
+write the run folder (docs/recipes.md). Exit codes: 0 done,
 1 an actor failed or timed out (named with its rank), 2 bad config (nothing spawned), 130 interrupted.
 """
 
@@ -28,6 +31,7 @@ from meshes import (
     Reducer,
     StudentTrainer,
     TeacherReplay,
+    attach_meshes,
     install_fault_hook,
     local_meshes,
     stream,
@@ -37,6 +41,7 @@ from recipes.monarch.config import RecipeConfig, load_config, open_run_dir, resu
 from recipes.monarch.data import REPO_ROOT, load_eval_states, load_states, resolve_path
 from recipes.monarch.display import Display
 from recipes.monarch.mesh_trainer import MeshTrainer
+from recipes.monarch.replicas import start_diloco
 from recipes.monarch.report import recipe_report
 
 log = logging.getLogger("recipes.monarch.run")
@@ -99,16 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     display = Display(cfg.run.display, num_steps=cfg.student.num_steps)
     faults, restore_hook = install_fault_hook()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: finally runs
-    meshes = None
+    meshes = diloco = None
+    d = cfg.diloco
     try:
         # ------------------------------------------------------------ meshes and actors
-        display.message(f"run folder {run.path}; spawning meshes ({m.num_replicas} trainer replica(s))")
+        replicas = d.replicas if d.enabled else m.num_replicas
+        display.message(f"run folder {run.path}; spawning meshes ({replicas} trainer replica(s)"
+                        f"{', DiLoCo' if d.enabled else ''}{f' on {len(m.workers)} workers' if m.workers else ''})")
         env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        meshes = local_meshes(num_replicas=m.num_replicas, env=env)
+        if m.workers:
+            meshes = attach_meshes(m.workers, spares=m.spare_workers, teacher_worker=m.teacher_worker,
+                                   reducer_worker=m.reducer_worker)
+        else:
+            meshes = local_meshes(num_replicas=m.num_replicas, env=env, diloco=d.enabled)
         teacher = meshes.add("teacher", meshes.teacher.spawn("teacher", TeacherReplay))
-        trainer = meshes.add("trainer", meshes.trainer.spawn("trainer", StudentTrainer))
+        trainer = None if d.enabled else meshes.add("trainer", meshes.trainer.spawn("trainer", StudentTrainer))
         reducer = meshes.add("reducer", meshes.reducer.spawn("reducer", Reducer))
-        warm = trainer.warmup.call()  # imports torch in the trainer processes while the teachers replay
+        warm = None if d.enabled else trainer.warmup.call()  # imports torch while the teachers replay
         t = cfg.teachers
         tinfo = wait(teacher.setup.call_one(
             cfg.teacher_specs(), agreement_threshold=t.agreement_threshold, max_tokens=t.max_tokens,
@@ -120,24 +132,33 @@ def main(argv: list[str] | None = None) -> int:
         display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
         pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
         display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
-        wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
-        setup = wait(trainer.setup.call(
-            cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
-            num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
-            eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault, threads=m.threads_per_proc),
-            actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+        if d.enabled:  # one proc mesh per replica, a lighthouse here; replicas join at the first step
+            diloco = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states, pairs=pairs,
+                                  eval_states=eval_states, on_event=display.message)
+            setup, mesh_trainer = diloco.setup, diloco.trainer
+        else:
+            wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
+            setup = wait(trainer.setup.call(
+                cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
+                num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
+                eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
+                threads=m.threads_per_proc), actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+            mesh_trainer = MeshTrainer(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
         (run.path / "processes.json").write_text(json.dumps(
             {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
         # ------------------------------------------------------------ training: the one driver
-        mesh_trainer = MeshTrainer(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
         drive_cfg = DriveConfig(num_steps=cfg.student.num_steps, checkpoint_every=cfg.run.checkpoint_every,
-                                keep_last=cfg.run.keep_last, resume=resuming, evaluate=cfg.run.evaluate)
+                                keep_last=cfg.run.keep_last, resume=resuming, evaluate=cfg.run.evaluate,
+                                eval_every=cfg.run.eval_every)
         summary = drive(mesh_trainer, run, drive_cfg, run_config=to_dict(cfg),
                         extra_metrics={"replay/spent_usd": spent},
                         on_step=lambda step, metrics: display.step(step, metrics, spent),
                         on_resume=lambda step: display.message(f"resumed at step {step}"),
                         summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": len(pairs),
                                        "replay/spent_usd": spent, **dropped})
+        if diloco is not None:  # the digests after the last sync, restarts (known only once training ended)
+            summary.update(diloco.summary())
+            run.write_summary(summary)
         display.summary(summary)
         display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
         return 0
@@ -151,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         display.close()
+        if diloco is not None:
+            diloco.stop(timeout_s=min(30.0, m.call_timeout_s))
         if meshes is not None:
             meshes.stop(timeout_s=min(30.0, m.call_timeout_s))
         run.close()

@@ -89,5 +89,42 @@ def test_to_failure_classifies_timeouts_and_plain_errors():
 
 def test_replica_dir_and_attach():
     assert str(replica_dir("/r", 0)) == "/r" and str(replica_dir("/r", 2)) == "/r/replicas/rank_2"
-    with pytest.raises(NotImplementedError, match="next issue"):
-        attach_meshes(["tcp://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="'mesh.workers' is empty"):
+        attach_meshes([])
+    with pytest.raises(ValueError, match="worker address '127.0.0.1:1' must look like tcp://HOST:PORT"):
+        attach_meshes(["127.0.0.1:1"])
+    with pytest.raises(ValueError, match=r"'mesh.teacher_worker' must index 'mesh.workers' \(0..0\), got 1"):
+        attach_meshes(["tcp://127.0.0.1:1"], teacher_worker=1)
+
+
+def test_replica_hosts_place_and_move_replicas():
+    from meshes.hosts import ReplicaHosts, is_loopback
+
+    hosts = ReplicaHosts(workers=["tcp://h1:1", "tcp://127.0.0.1:2"], spares=["tcp://h3:1"])
+    assert [hosts.where(i) for i in range(3)] == ["tcp://h1:1", "tcp://127.0.0.1:2", "tcp://h1:1"]
+    assert hosts.advertise_host(0) == "h1" and hosts.advertise_host(1) == "127.0.0.1"
+    assert hosts.replace_worker(0) == "tcp://h3:1"  # every slot on the lost worker moves
+    assert hosts.where(0) == hosts.where(2) == "tcp://h3:1" and hosts.where(1) == "tcp://127.0.0.1:2"
+    assert hosts.replace_worker(1) is None  # no spare left
+    assert ReplicaHosts().where(5) == "local" and ReplicaHosts().advertise_host(5) == "127.0.0.1"
+    assert is_loopback("tcp://localhost:3") and not is_loopback("tcp://node1:3")
+
+
+def test_worker_address_parsing():
+    from recipes.monarch.worker import split_address
+
+    assert split_address("tcp://127.0.0.1:26601") == ("127.0.0.1", 26601)
+    assert split_address("tcp://node1.cluster:5@tcp://0.0.0.0:5") == ("0.0.0.0", 5)
+    with pytest.raises(ValueError, match="--address must look like tcp://HOST:PORT"):
+        split_address("node1:5")
+
+
+def test_display_shows_replicas_restarts_and_syncs():
+    from recipes.monarch.display import format_step, summary_rows
+
+    line = format_step(3, 8, {"loss/total": 1.0, "diloco/live_replicas": 1.0, "diloco/restarts": 1.0,
+                              "diloco/outer_step": 2.0, "diloco/participants": 1.0}, 0.0)
+    assert "replicas=1 restarts=1  sync=2(n=1)" in line
+    rows = dict(summary_rows({"restarts": {"0": 0, "1": 1}, "replica_param_sha256": {"0": "ab" * 32, "1": "ab" * 32}}))
+    assert rows["replica restarts"] == "0: 0, 1: 1"
+    assert rows["replica parameters (sha256)"].startswith("2 replica(s), identical: 0=abababababab")
