@@ -51,7 +51,7 @@ def refresh_pairs(
     max_new_tokens: int,
     temperature: float,
     top_p: float = 1.0,
-    batch_size: int = 0,
+    batch_size: int = 16,
 ) -> list[PreferencePair | None]:
     """Re-sample the rejected side of the student-sample pairs in ``pairs`` from ``model``.
 

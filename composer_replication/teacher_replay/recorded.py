@@ -103,13 +103,13 @@ class StudentSampling:
     """Nucleus sampling threshold in (0, 1]."""
     seed: int = 0
     """Seed of the samples (with the batch index; see ``local.sample_actions``)."""
-    batch_size: int = 0
-    """States sampled per ``generate`` call (0: one at a time on a CPU, 16 on an accelerator)."""
+    batch_size: int = 16
+    """States sampled per ``generate`` call (left-padded batches)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1 or self.batch_size < 0:
+        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError(
-                f"StudentSampling: need max_new_tokens >= 1 and batch_size >= 0 (0: auto), got "
+                f"StudentSampling: need max_new_tokens >= 1 and batch_size >= 1, got "
                 f"{self.max_new_tokens} and {self.batch_size}"
             )
         if not 0 < self.top_p <= 1 or self.temperature < 0:

@@ -194,5 +194,5 @@ def test_recorded_needs_a_student():
     rp = TeacherReplayer([{"slug": "local:tiny", "input_per_mtok": 0.0, "output_per_mtok": 0.0}])
     with pytest.raises(ValueError, match="sample_student needs"):
         asyncio.run(rp.sample_student(_states(1)))
-    with pytest.raises(ValueError, match="need max_new_tokens >= 1 and batch_size >= 0"):
+    with pytest.raises(ValueError, match="need max_new_tokens >= 1 and batch_size >= 1"):
         StudentSampling(max_new_tokens=0)
