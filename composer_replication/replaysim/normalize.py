@@ -31,6 +31,7 @@ from composer_replication import teacher_replay
 from composer_replication.replaysim.degenerate import RULES, degeneracy
 from composer_replication.replaysim.ops import NATIVE_OPS, REPLAYSIM_OPS, action_limits, dedup_hash, op_keep
 from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
+from composer_replication.teacher_replay import recorded
 from composer_replication.types import PreferencePair, TeacherCallResult
 
 __all__ = [
@@ -285,6 +286,9 @@ async def replay_and_normalize_trace(
 
     ``teachers=None`` uses ``teacher_replay``'s defaults; ``replay_kwargs`` (e.g. ``api_key``) go to
     ``replay_trace``; ``normalizer=None`` builds ``DJNormalizer()`` (the default recipe, native ops).
+    With ``student=`` (a ``local:<model>`` slug or a ``LocalTeacher``; needed by the ``recorded`` teacher) and
+    optionally ``student_sampling=``, the student's own sampled actions are the rejected side
+    (``teacher_replay.recorded``).
 
     Returns:
         ``(raw_teacher_results, normalized_pairs)``.
@@ -294,11 +298,27 @@ async def replay_and_normalize_trace(
     normalizer = normalizer if normalizer is not None else DJNormalizer()
     if teachers is not None:
         replay_kwargs["teachers"] = teachers
+    student_kwargs: dict[str, Any] = {}
+    if replay_kwargs.get("student") is not None:  # one student model for the replay and the samples
+        student, sampling = _student(replay_kwargs)
+        replay_kwargs.update(student=student, student_sampling=sampling)
+        samples = await asyncio.to_thread(recorded.sample_student_actions, student, list(states), sampling)
+        student_kwargs = {"student_actions": samples, "student_meta": sampling.metadata(0)}
     raw = await teacher_replay.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
-    pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold)
+    pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold, **student_kwargs)
     normalized = normalizer.normalize(pairs)
     log.info("replaysim: %d teacher results, %d pairs, %d after normalisation", len(raw), len(pairs), len(normalized))
     return raw, normalized
+
+
+def _student(replay_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The ``student`` of ``replay_kwargs`` as a ``LocalTeacher`` and its ``StudentSampling`` (default settings)."""
+    from composer_replication.teacher_replay.local import LocalTeacher, local_model_name
+
+    student = replay_kwargs["student"]
+    if isinstance(student, str):
+        student = LocalTeacher(local_model_name(student), device=replay_kwargs.get("local_device", "cpu"))
+    return student, replay_kwargs.get("student_sampling") or recorded.StudentSampling()
 
 
 def replay_and_normalize_trace_sync(

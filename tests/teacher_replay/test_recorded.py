@@ -196,3 +196,27 @@ def test_recorded_needs_a_student():
         asyncio.run(rp.sample_student(_states(1)))
     with pytest.raises(ValueError, match="need max_new_tokens >= 1 and batch_size >= 1"):
         StudentSampling(max_new_tokens=0)
+
+
+def test_replay_and_normalize_with_the_recorded_teacher(student):
+    """replaysim's one-call pipeline: recorded teacher, the student's samples, the default normalizer."""
+    from composer_replication.replaysim import replay_and_normalize_trace
+
+    states = _states(3)
+    raw, pairs = asyncio.run(
+        replay_and_normalize_trace(
+            states=states,
+            teachers=[RECORDED_TEACHER],
+            agreement_threshold=1,
+            max_total_usd=0.0,
+            student=student,
+            student_sampling=SAMPLING,
+        )
+    )
+    samples = sample_student_actions(student, states, SAMPLING)
+    assert [r["teacher_slug"] for r in raw] == ["recorded"] * 3
+    assert pairs and all(p.chosen == p.metadata["recorded_action"] for p in pairs)
+    assert [p.rejected for p in pairs] == [samples[p.state_id] for p in pairs]
+    assert all(
+        p.metadata["rejected_source"] == "student_sample" and p.metadata["backend"] == "native" for p in pairs
+    )
