@@ -31,14 +31,10 @@ from typing import Any
 from composer_replication.actions import canonical_action
 from composer_replication.batching import BatchingStats, TokenizedPair, tokenize_pairs
 from composer_replication.teacher_replay.local import sample_actions
+from composer_replication.teacher_replay.recorded import is_student_sample
 from composer_replication.types import PreferencePair
 
 __all__ = ["refresh_pairs", "tokenize_live", "PairRefresher", "is_student_sample"]
-
-
-def is_student_sample(pair: PreferencePair) -> bool:
-    """True when ``pair``'s rejected side is a student sample (the ``recorded`` teacher's pairs)."""
-    return pair.metadata.get("rejected_source") == "student_sample"
 
 
 def refresh_pairs(

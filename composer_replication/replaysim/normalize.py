@@ -31,7 +31,7 @@ from composer_replication import teacher_replay
 from composer_replication.replaysim.degenerate import RULES, degeneracy
 from composer_replication.replaysim.ops import NATIVE_OPS, REPLAYSIM_OPS, action_limits, dedup_hash, op_keep
 from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
-from composer_replication.teacher_replay import recorded
+from composer_replication.teacher_replay import recorded as recorded_teacher
 from composer_replication.types import PreferencePair, TeacherCallResult
 
 __all__ = [
@@ -112,7 +112,7 @@ def _record(i: int, pair: PreferencePair | Mapping[str, Any]) -> tuple[Preferenc
     chosen, rejected = pair.chosen, pair.rejected
     recorded = pair.metadata.get("recorded_action")
     if not isinstance(recorded, str):
-        recorded = None if pair.metadata.get("rejected_source") == "student_sample" else rejected
+        recorded = None if recorded_teacher.is_student_sample(pair) else rejected
     return pair, {"state_id": pair.state_id, "chosen": chosen, "rejected": rejected, "text": f"{chosen}\n{rejected}",
                   "recorded": recorded}
 
@@ -302,7 +302,7 @@ async def replay_and_normalize_trace(
     if replay_kwargs.get("student") is not None:  # one student model for the replay and the samples
         student, sampling = _student(replay_kwargs)
         replay_kwargs.update(student=student, student_sampling=sampling)
-        samples = await asyncio.to_thread(recorded.sample_student_actions, student, list(states), sampling)
+        samples = await asyncio.to_thread(recorded_teacher.sample_student_actions, student, list(states), sampling)
         student_kwargs = {"student_actions": samples, "student_meta": sampling.metadata(0)}
     raw = await teacher_replay.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
     pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold, **student_kwargs)
@@ -318,7 +318,7 @@ def _student(replay_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     student = replay_kwargs["student"]
     if isinstance(student, str):
         student = LocalTeacher(local_model_name(student), device=replay_kwargs.get("local_device", "cpu"))
-    return student, replay_kwargs.get("student_sampling") or recorded.StudentSampling()
+    return student, replay_kwargs.get("student_sampling") or recorded_teacher.StudentSampling()
 
 
 def replay_and_normalize_trace_sync(

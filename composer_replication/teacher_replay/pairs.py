@@ -30,6 +30,7 @@ from typing import Any
 
 from composer_replication.actions import canonical_action
 from composer_replication.atomic import atomic_write_text
+from composer_replication.teacher_replay.recorded import REJECTED_SOURCE_SAMPLE
 from composer_replication.types import PreferencePair, TeacherCallResult, TraceState
 
 __all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs", "PairCollector"]
@@ -109,7 +110,7 @@ def extract_dpo_pairs(
         if best == student or len(members) < agreement_threshold:
             continue
         meta: dict[str, Any] = {"teachers": [slug for _, _, slug in members],
-                                "rejected_source": "student_sample" if sampled else "recorded",
+                                "rejected_source": REJECTED_SOURCE_SAMPLE if sampled else "recorded",
                                 "recorded_action": s.get("student_action") or ""}
         if sampled:
             meta["student_sample"] = dict(student_meta or {})

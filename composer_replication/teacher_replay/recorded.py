@@ -37,6 +37,7 @@ __all__ = [
     "REJECTED_SOURCE_SAMPLE",
     "StudentSampling",
     "is_recorded",
+    "is_student_sample",
     "recorded_result",
     "sample_student_actions",
 ]
@@ -49,6 +50,11 @@ RECORDED_TEACHER: TeacherSpec = {"slug": RECORDED_SLUG, "input_per_mtok": 0.0, "
 
 REJECTED_SOURCE_SAMPLE = "student_sample"
 """``metadata["rejected_source"]`` of a pair whose rejected side is a student sample."""
+
+
+def is_student_sample(pair: Any) -> bool:
+    """True when a :class:`~composer_replication.types.PreferencePair`'s rejected side is a student sample."""
+    return pair.metadata.get("rejected_source") == REJECTED_SOURCE_SAMPLE
 
 
 def is_recorded(slug: str) -> bool:
