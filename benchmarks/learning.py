@@ -1,13 +1,17 @@
-"""Learning: does the default recipe raise the reward? First-quarter vs last-quarter mean reward, over seeds.
+"""Learning: does the default run teach the right thing? Held-out next-action agreement, start vs end, over seeds.
 
-    python -m benchmarks.learning                                   # single_node, its steps, 3 seeds
-    python -m benchmarks.learning --preset tiny --steps 8 --seeds 2 # shorter
+    python -m benchmarks.learning                                    # single_node, its steps, 3 seeds
+    python -m benchmarks.learning --preset tiny --seeds 2 student.num_steps=8
+    python -m benchmarks.learning run.eval_every=8                   # the curve, an evaluation every 8 steps
 
-Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), run one after the
-other (seeds after the first reuse its teacher ledger, so they skip the replay). From each run's ``metrics.jsonl`` the benchmark takes ``reward/mean`` per step, and reports the
-mean of the first quarter of the steps, the mean of the last quarter, and their difference; then the
-mean difference over seeds with its standard deviation (the spread), and whether the mean difference
-exceeds the spread (the margin).
+Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), one after the other.
+Every run evaluates on the held-out sessions (whole sessions that enter no training channel) at its start
+and at its end; the benchmark reads ``eval_start`` / ``eval_end`` from each run's ``summary.json`` and the
+``eval/*`` rows of ``metrics.jsonl`` (the curve). It reports, per seed, the held-out agreement with the
+recorded action (``eval/agreement_partial``: partial credit per tool call; ``eval/agreement``: exact),
+the well-formed call rate and the training reward; then the mean gain over seeds and its standard
+deviation. The rule: the agreement rises in every seed and the mean gain exceeds twice its standard
+deviation. It draws the curves into ``docs/img/learning.png`` and writes its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -26,70 +29,95 @@ from pathlib import Path
 from benchmarks.report import write_section
 
 REPO = Path(__file__).resolve().parents[1]
+PICTURE = REPO / "docs" / "img" / "learning.png"
+METRIC = "eval/agreement_partial"
+SHOWN = ("eval/agreement_partial", "eval/agreement", "eval/tool_choice_rate", "eval/well_formed_call_rate")
 
 
-def quarters(rewards: list[float]) -> tuple[float, float]:
-    """Mean of the first and of the last quarter (at least one step each) of a reward curve."""
-    q = max(1, len(rewards) // 4)
-    return statistics.mean(rewards[:q]), statistics.mean(rewards[-q:])
-
-
-def run_seed(preset: str, seed: int, steps: int | None, folder: Path, overrides: list[str]) -> list[float]:
-    """One recipe run; returns its per-step ``reward/mean`` curve (NaN steps dropped)."""
+def run_seed(preset: str, seed: int, folder: Path, overrides: list[str]) -> dict:
+    """One recipe run; returns its summary plus its eval curve ``[(step, {metric: value})]``."""
     args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"student.seed={seed}",
-            f"run.dir={folder}", "run.display=plain", "run.evaluate=false", *overrides]
-    if steps is not None:
-        args.append(f"student.num_steps={steps}")
+            f"run.dir={folder}", "run.display=plain", "run.evaluate=true", *overrides]
+    t0 = time.perf_counter()
     proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [float(m["reward/mean"]) for m in lines if m.get("reward/mean") is not None]
+    summary = json.loads((folder / "summary.json").read_text())
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary["curve"] = [(r["step"], r) for r in rows if METRIC in r]
+    summary["reward_curve"] = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
+    summary["bench_wall_s"] = time.perf_counter() - t0
+    return summary
+
+
+def draw(results: list[dict], path: Path) -> None:
+    """Held-out agreement per evaluation and training reward per step, one line per seed (Agg, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6))
+    FigureCanvasAgg(fig)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for seed, res in enumerate(results):
+        steps = [s for s, _ in res["curve"]]
+        left.plot(steps, [r[METRIC] for _, r in res["curve"]], marker="o", label=f"seed {seed}")
+        right.plot(*zip(*res["reward_curve"]), label=f"seed {seed}", alpha=0.8)
+    left.set(title="held-out agreement (partial credit)", xlabel="step", ylabel=METRIC)
+    right.set(title="training reward (rollouts)", xlabel="step", ylabel="reward/mean")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="single_node", help="recipe preset (recipes/monarch/configs)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
     p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md nor the picture")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section learning)")
     args = p.parse_args(argv)
-    rows, deltas = [], []
+    results, gains = [], []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         for seed in range(args.seeds):
-            t0 = time.perf_counter()
-            ledger = root / "seed0" / "teacher_ledger.jsonl"
-            if seed > 0 and ledger.is_file():  # same teacher requests: reuse the replies, skip the replay
-                (root / f"seed{seed}").mkdir(parents=True, exist_ok=True)
-                shutil.copy(ledger, root / f"seed{seed}" / "teacher_ledger.jsonl")
-            curve = run_seed(args.preset, seed, args.steps, root / f"seed{seed}", args.overrides)
-            first, last = quarters(curve)
-            deltas.append(last - first)
-            rows.append((seed, len(curve), first, last, last - first, time.perf_counter() - t0))
-            print(f"seed {seed}: steps {len(curve)}  first-quarter {first:.3f}  last-quarter {last:.3f}  "
-                  f"delta {last - first:+.3f}  ({rows[-1][-1]:.0f} s)", flush=True)
-    mean = statistics.mean(deltas)
-    spread = statistics.stdev(deltas) if len(deltas) > 1 else float("nan")
-    print(f"\npreset {args.preset}: last-quarter minus first-quarter mean reward over {len(deltas)} seed(s): "
-          f"{mean:+.3f} +- {spread:.3f} (std)")
-    learned = mean > 0 and (len(deltas) == 1 or mean > spread)
-    print("learning: " + ("YES (mean gain exceeds its spread)" if learned else "NOT SHOWN"))
+            res = run_seed(args.preset, seed, root / f"seed{seed}", args.overrides)
+            start, end = res["eval_start"], res["eval_end"]
+            gains.append(end[METRIC] - start[METRIC])
+            results.append(res)
+            print(f"seed {seed}: {METRIC} {start[METRIC]:.3f} -> {end[METRIC]:.3f} ({gains[-1]:+.3f}); "
+                  f"exact {start['eval/agreement']:.3f} -> {end['eval/agreement']:.3f}; well-formed "
+                  f"{start['eval/well_formed_call_rate']:.3f} -> {end['eval/well_formed_call_rate']:.3f}; "
+                  f"{res['steps']} steps, {res['bench_wall_s']:.0f} s", flush=True)
+    mean = statistics.mean(gains)
+    spread = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+    learned = all(g > 0 for g in gains) and (len(gains) == 1 or mean > 2 * spread)
+    print(f"\nheld-out {METRIC} gain over {len(gains)} seed(s): {mean:+.3f} +- {spread:.3f} (std); "
+          f"learning {'SHOWN' if learned else 'NOT SHOWN'} (rule: rises in every seed, mean > 2 std)")
     if not args.no_record:
+        draw(results, PICTURE)
         cmd = " ".join(["python -m benchmarks.learning", *(sys.argv[1:] if argv is None else argv)])
-        print(f"wrote {write_section('learning', _markdown(cmd, args.preset, rows, mean, spread, learned))}")
+        print(f"wrote {write_section('learning', _markdown(cmd, args.preset, results, gains, mean, spread, learned))}")
     return 0 if learned else 1
 
 
-def _markdown(cmd: str, preset: str, rows: list[tuple], mean: float, spread: float, learned: bool) -> str:
-    """The learning section of docs/benchmarks.md: one row per seed, the mean gain and the pass rule."""
-    lines = ["# Learning: first-quarter vs last-quarter reward", "", f"Command: `{cmd}` (preset `{preset}`)", "",
-             "| seed | steps | first-quarter reward | last-quarter reward | delta | wall time |", "|---|---|---|---|---|---|"]
-    lines += [f"| {s} | {n} | {a:.3f} | {b:.3f} | {d:+.3f} | {t:.0f} s |" for s, n, a, b, d, t in rows]
-    lines += ["", f"Mean gain {mean:+.3f} +- {spread:.3f} (std over seeds): learning "
-              f"**{'shown' if learned else 'not shown'}** (rule: the mean gain is positive and exceeds its spread)."]
+def _markdown(cmd: str, preset: str, results: list[dict], gains: list[float], mean: float, spread: float,
+              learned: bool) -> str:
+    """The learning section of docs/benchmarks.md: one row per seed, the mean gain, the rule and the picture."""
+    head = "| seed | steps | " + " | ".join(f"{m} start -> end" for m in SHOWN) + " | wall time |"
+    lines = ["# Learning: held-out agreement with the recorded actions", "",
+             f"Command: `{cmd}` (preset `{preset}`). Held-out sessions only (never trained on); greedy answers.", "",
+             head, "|" + "---|" * (len(SHOWN) + 3)]
+    for seed, res in enumerate(results):
+        cells = [f"{res['eval_start'][m]:.3f} -> {res['eval_end'][m]:.3f}" for m in SHOWN]
+        lines.append(f"| {seed} | {res['steps']} | " + " | ".join(cells) + f" | {res['bench_wall_s']:.0f} s |")
+    lines += ["", f"Gain in `{METRIC}`: {', '.join(f'{g:+.3f}' for g in gains)}; mean {mean:+.3f} +- {spread:.3f} "
+              f"(std over seeds): learning **{'shown' if learned else 'not shown'}** (rule: the agreement rises "
+              "in every seed and the mean gain exceeds twice its standard deviation).", "",
+              "![learning curve](img/learning.png)"]
     return "\n".join(lines)
 
 

@@ -1,0 +1,122 @@
+"""Step profile: where the default run's training step spends its time, phase by phase and channel by channel.
+
+    python -m benchmarks.step_profile                       # preset single_node, 4 steps
+    python -m benchmarks.step_profile --steps 6 student.rollout.prompts_per_step=1
+
+Part 1 runs the preset (``python -m recipes.monarch.run``, evaluation off) and takes the median of every
+``perf/<phase>_s`` metric the engine writes per step (generation, old log-probs, scoring, hint rows and
+channel-1 tensors, reference log-probs, loss forward, loss backward, optimizer), after the first step.
+Part 2 rebuilds one step's batch in this process from the run's own states and ``pairs.jsonl`` and times
+the loss forward + backward of each channel alone (channel 1; channel 1 + 2 minus channel 1; channel 1 + 3
+minus channel 1), with the tokens each channel puts through the model. Writes its section of
+docs/benchmarks.md (``--no-record`` to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import write_section
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("generate", "old_logprobs", "score", "assemble", "reference", "loss_forward", "loss_backward", "optimizer")
+
+
+def run_recipe(preset: str, steps: int, folder: Path, overrides: list[str]) -> list[dict]:
+    """The preset's run for ``steps`` steps; its step rows."""
+    args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"run.dir={folder}",
+            "run.display=plain", "run.evaluate=false", f"student.num_steps={steps}", *overrides]
+    proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the run failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if "loss/total" in r]
+
+
+def channel_times(folder: Path, repeats: int = 2) -> list[tuple[str, float, int]]:
+    """``(channel, seconds of forward + backward, tokens)`` for each channel alone, on step 0's batch."""
+    import yaml
+
+    from composer_replication.engine import StudentTrainerCore, from_dict
+    from composer_replication.engine.data import build_training_data
+    from composer_replication.losses import compose_loss
+    from composer_replication.teacher_replay import load_pairs
+    from recipes.monarch.config import RecipeConfig
+    from recipes.monarch.data import load_states
+
+    cfg = from_dict(RecipeConfig, yaml.safe_load((folder / "config.yaml").read_text()))
+    data = build_training_data(cfg.student.rollout.environment, states=load_states(cfg),
+                               pairs=load_pairs(folder / "pairs.jsonl"))
+    core = StudentTrainerCore(cfg.student, data=data)
+    batch, _ = core._build_batch(0)
+    ch2 = {k for k in batch if k.startswith(("ctx_teacher_", "sdpo_"))}
+    ch3 = {k for k in batch if k.startswith("dpo_")}
+    base = {k: v for k, v in batch.items() if k not in ch2 | ch3}
+    L = cfg.student.loss
+
+    def timed(b: dict, **weights: float) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            core.model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            compose_loss(core.model, b, L.__class__(**{**L.__dict__, **weights}),
+                         max_completion_length=cfg.student.rollout.max_new_tokens).total.backward()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    t1 = timed(base, alpha_sdpo=0.0, beta_replay=0.0)
+    rows = [("1 (" + ("grpo" if "advantages" in base else "lm_ce") + ")", t1, int(base["attention_mask"].sum()))]
+    if ch2:
+        t2 = timed({**base, **{k: batch[k] for k in ch2}}, beta_replay=0.0)
+        rows.append((f"2 ({L.sdpo_wrapper}, hinted teacher rows)", t2 - t1, int(batch["ctx_teacher_attention_mask"].sum())))
+    if ch3:
+        t3 = timed({**base, **{k: batch[k] for k in ch3}}, alpha_sdpo=0.0)
+        tokens = int(batch["dpo_chosen_attention_mask"].sum() + batch["dpo_rejected_attention_mask"].sum())
+        rows.append((f"3 ({L.dpo_variant})", t3 - t1, tokens))
+    core.model.zero_grad(set_to_none=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="single_node", help="recipe preset")
+    p.add_argument("--steps", type=int, default=4, help="steps to run (the first is not counted)")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_recipe(args.preset, args.steps, Path(tmp) / "run", args.overrides)
+        counted = rows[1:] or rows
+        phases = {ph: statistics.median(r.get(f"perf/{ph}_s", 0.0) for r in counted) for ph in PHASES}
+        step = statistics.median(r["perf/step_time_s"] for r in counted)
+        tokens = statistics.median(r["perf/tokens"] for r in counted)
+        channels = channel_times(Path(tmp) / "run")
+    lines = [f"{ph:<14} {s:7.2f} s  {100 * s / step:5.1f} %" for ph, s in phases.items()]
+    print(f"median step {step:.2f} s over {len(counted)} steps, {tokens:.0f} tokens\n" + "\n".join(lines))
+    print("\n".join(f"channel {c:<32} {s:6.2f} s  {n} tokens" for c, s, n in channels))
+    if not args.no_record:
+        cmd = " ".join(["python -m benchmarks.step_profile", *(sys.argv[1:] if argv is None else argv)])
+        write_section("step_profile", "\n".join([
+            "# Step profile of the default run", "",
+            f"Command: `{cmd}`. Median over {len(counted)} steps (the first not counted): **{step:.2f} s per step**, "
+            f"{tokens:.0f} tokens through the model (torch {torch.__version__}, {torch.get_num_threads()} threads).", "",
+            "| phase | seconds | share of the step |", "|---|---|---|",
+            *(f"| {ph} | {s:.2f} | {100 * s / step:.1f} % |" for ph, s in phases.items()), "",
+            "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
+            "| channel | seconds | tokens |", "|---|---|---|",
+            *(f"| {c} | {s:.2f} | {n} |" for c, s, n in channels),
+        ]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
