@@ -50,7 +50,7 @@ def strip(path: Path) -> None:
 
 
 def test_the_notebooks_are_there():
-    assert {p.name for p in NOTEBOOKS} >= {"01_meshes.ipynb", "02_training.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"01_meshes.ipynb", "02_training.ipynb", "03_diloco.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
