@@ -37,13 +37,14 @@ from composer_replication.engine.data import (
     MixedEnvironment,
     TrainingData,
     build_training_data,
+    derive_seed,
     pairs_for_step,
     prompts_for_step,
 )
 from composer_replication.engine.driver import DriveConfig, LocalTrainer, StepTrainer, drive
 from composer_replication.engine.loop import run_plain
 from composer_replication.engine.run_dir import RunDir
-from composer_replication.engine.student import StudentTrainerCore, derive_seed
+from composer_replication.engine.student import StudentTrainerCore
 
 __all__ = [
     "OptimConfig",

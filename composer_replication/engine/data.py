@@ -8,6 +8,7 @@ Within one epoch-sized window the draw is without replacement, so small datasets
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ __all__ = [
     "pairs_for_step",
     "pair_indices_for_step",
     "step_rng",
+    "derive_seed",
 ]
 
 
@@ -211,6 +213,12 @@ def select_states(states: Sequence[dict[str, Any]], max_states: int, *, stream: 
         return list(states)
     keep = set(random.Random(stream).sample(range(len(states)), max_states))
     return [s for i, s in enumerate(states) if i in keep]
+
+
+def derive_seed(seed: int, step: int, rank: int, stream: str = "sample") -> int:
+    """A 63-bit seed from ``(seed, step, rank, stream)``, stable across processes and platforms."""
+    digest = hashlib.sha256(f"{stream}:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 def step_rng(seed: int, step: int, rank: int, stream: str) -> random.Random:

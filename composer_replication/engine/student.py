@@ -2,15 +2,15 @@
 
 :class:`StudentTrainerCore` is the whole training engine of one replica, with no Monarch in it.
 The Monarch ``StudentTrainer`` actor (``meshes/trainer.py``) wraps each method in an endpoint, and
-``training.loop.run_plain`` drives it in a plain process. One step (:meth:`StudentTrainerCore.train_step`):
+``engine.drive`` runs its steps (``run_plain`` in a plain process). One step (:meth:`StudentTrainerCore.train_step`):
 
-1. the prompts of ``(seed, step, rank)`` (``training.data.prompts_for_step``);
-2. ``rollout.sample_rollouts``: G samples per prompt with their sampling log-probs, seeded from
-   ``(seed, step, rank)``;
+1. the prompts of ``(seed, step, rank)`` (``engine.data.prompts_for_step``);
+2. ``rollout.sample_rollouts``: G samples per prompt, seeded from ``(seed, step, rank)``;
 3. ``environment.score`` per sample (reward, error kind) -> ``rollout.assemble_batch``: channel 1
    (GRPO keys) and channel 2 (hinted teacher sequences at error sites);
 4. the step's channel-3 pairs, tokenized, with the frozen reference's summed log-probs (no grad);
-5. ``loss.compose_loss`` -> backward -> clip -> AdamW -> LR scheduler -> TAID ``update_t``.
+5. ``losses.compose_loss`` (per micro-batch, ``engine.accumulate``) -> backward -> clip -> AdamW -> LR
+   scheduler -> TAID ``update_t``.
 
 Everything random is derived from ``(seed, step, rank)``, so ``state_dict`` (model, optimizer,
 scheduler, TAID, RNG, step) is enough for a resumed run to reproduce an uninterrupted one exactly.
@@ -19,9 +19,7 @@ scheduler, TAID, RNG, step) is enough for a resumed run to reproduce an uninterr
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
-import math
 import time
 from typing import Any
 
@@ -30,43 +28,25 @@ import torch
 from composer_replication.batching import BatchingStats, pad_id, preference_batch, tokenize_pairs
 from composer_replication.engine.accumulate import channel_sizes, split_batch
 from composer_replication.engine.config import StudentConfig, resolve_device, resolve_dtype
-from composer_replication.engine.data import TrainingData, pair_indices_for_step, prompts_for_step
+from composer_replication.engine.data import (
+    TrainingData,
+    derive_seed,
+    pair_indices_for_step,
+    prompts_for_step,
+)
 from composer_replication.engine.evaluate import greedy_texts, next_action_stats, reward_stats
+from composer_replication.engine.metrics import combine_loss_metrics, count_tokens, loss_metrics
 from composer_replication.engine.perf import PhaseTimer
 from composer_replication.engine.reference import ReferenceLogprobCache
 from composer_replication.engine.refresh import PairRefresher, tokenize_live
+from composer_replication.engine.schedule import build_lr_lambda
+from composer_replication.engine.weights import cpu_weights, load_weights
 
-__all__ = ["StudentTrainerCore", "derive_seed", "build_lr_lambda"]
+__all__ = ["StudentTrainerCore"]
 
 log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
-
-
-def derive_seed(seed: int, step: int, rank: int, stream: str = "sample") -> int:
-    """A 63-bit seed from ``(seed, step, rank, stream)``, stable across processes and platforms."""
-    digest = hashlib.sha256(f"{stream}:{seed}:{step}:{rank}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def build_lr_lambda(*, warmup_steps: int, num_steps: int, scheduler: str):
-    """The LR multiplier ``f(s)`` for ``LambdaLR`` (``s`` = optimizer steps taken so far).
-
-    Linear warm-up ``(s + 1) / (warmup_steps + 1)`` for ``s < warmup_steps``, then ``constant`` 1,
-    ``linear`` decay to 0 at ``num_steps``, or ``cosine`` decay to 0 at ``num_steps``.
-    """
-
-    def lr_lambda(s: int) -> float:
-        if s < warmup_steps:
-            return (s + 1) / (warmup_steps + 1)
-        if scheduler == "constant":
-            return 1.0
-        progress = min(1.0, (s - warmup_steps) / max(1, num_steps - warmup_steps))
-        if scheduler == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return lr_lambda
 
 
 class StudentTrainerCore:
@@ -148,8 +128,7 @@ class StudentTrainerCore:
     def train_step(self, step: int) -> dict[str, float]:
         """Run optimizer step ``step`` (0-based) and return its metrics.
 
-        Metrics (floats): every loss channel under its true name from ``LossComponents.detached()``
-        in the project's one metrics scheme (``docs/recipes.md``): ``loss/*`` (each channel under the name
+        Metrics (floats), in the project's one metrics scheme (``docs/recipes.md``): ``loss/*`` (each channel under the name
         of the loss that ran, its own metrics, ``loss/grad_norm``, ``loss/lr``), ``reward/*`` (the step's
         rollouts: mean, population std, error rate), ``rollout/*`` (``rollout.rollout_stats``), ``replay/*``
         (pairs trained on, over-length drops) and ``perf/*`` (tokens, times).
@@ -289,7 +268,7 @@ class StudentTrainerCore:
                 self.taid.update_t(distill, global_step=step)
         metrics["loss/lr"] = lr
         metrics["loss/grad_norm"] = float(grad_norm)
-        metrics["perf/tokens"] = float(_count_tokens(batch))
+        metrics["perf/tokens"] = float(count_tokens(batch))
         return metrics
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> Any:
@@ -401,97 +380,9 @@ class StudentTrainerCore:
         self._set_live_pairs(self.pair_refresher.load_state_dict(state.get("pair_refresh")))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The model's ``state_dict`` (parameters and buffers) cloned to CPU, for weight sync / DiLoCo.
-
-        Tied tensors (e.g. ``lm_head.weight`` and ``embed_tokens.weight``) stay one shared CPU tensor
-        under both names, so they are copied and pickled once.
-        """
-        out: dict[str, torch.Tensor] = {}
-        clones: dict[tuple[int, int], torch.Tensor] = {}
-        for k, v in self.model.state_dict().items():
-            key = (v.data_ptr(), v.numel())
-            if key not in clones:
-                clones[key] = v.detach().to("cpu", copy=True)
-            out[k] = clones[key]
-        return out
+        """The model's weights cloned to CPU (``engine.weights.cpu_weights``), for weight sync / DiLoCo."""
+        return cpu_weights(self.model)
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Load weights in place (e.g. after an outer step); the optimizer state is kept.
-
-        Raises:
-            ValueError: keys or shapes differ from the model's, or two names of one tied tensor
-                carry different values.
-        """
-        own = self.model.state_dict()
-        missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-        if missing or extra:
-            raise ValueError(f"set_weights: missing keys {missing[:5]}, unexpected keys {extra[:5]}")
-        bad = [k for k in own if tuple(own[k].shape) != tuple(weights[k].shape)]
-        if bad:
-            raise ValueError(f"set_weights: shape mismatch for {bad[:5]} (e.g. {bad[0]}: model "
-                             f"{tuple(own[bad[0]].shape)}, got {tuple(weights[bad[0]].shape)})")
-        first: dict[tuple[int, int], str] = {}
-        for k, v in own.items():
-            key = (v.data_ptr(), v.numel())
-            if key in first:
-                if weights[k] is not weights[first[key]] and not torch.equal(weights[k], weights[first[key]]):
-                    raise ValueError(
-                        f"set_weights: {k!r} and {first[key]!r} are one tied tensor in the model but got "
-                        "different values; send the same tensor under both names"
-                    )
-                continue
-            first[key] = k
-        with torch.no_grad():
-            for k in first.values():
-                own[k].copy_(weights[k].to(device=own[k].device, dtype=own[k].dtype))
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def loss_metrics(comps: Any, loss: Any) -> dict[str, float]:
-    """The ``loss/*`` metrics of one ``LossComponents``: ``comps.metrics()`` (``loss/total``, every channel that
-    ran under the name of its loss, each component's own metrics as ``loss/<channel>/<metric>``), plus 0 under
-    the configured name of a channel 2 or 3 that did not run this step (no error sites, no pairs), so that
-    every step reports the same channels.
-    """
-    from composer_replication.losses import DISTILL_COMPONENTS, REPLAY_COMPONENTS
-
-    out = comps.metrics()
-    for name in (DISTILL_COMPONENTS[loss.sdpo_wrapper].name, REPLAY_COMPONENTS[loss.dpo_variant].name):
-        out.setdefault(f"loss/{name}", 0.0)
-    return out
-
-
-def combine_loss_metrics(parts: list[tuple[dict[str, float], list[float], float]]) -> dict[str, float]:
-    """Fold the ``loss/*`` metrics of micro-batches: each channel's values weighted by its share (counts summed).
-
-    ``parts``: ``(loss_metrics, [w1, w2, w3], weighted total)`` per micro-batch.
-    """
-    channel = {"grpo": 0, "lm_ce": 0, "jsd": 1, "taid": 1, "entropy_opd": 1, "dpo": 2, "simpo": 2}
-    out: dict[str, float] = {"loss/total": sum(total for _, _, total in parts)}
-    for metrics, w, _ in parts:
-        for key, value in metrics.items():
-            if key == "loss/total":
-                continue
-            name = key.split("/")[1]
-            weight = 1.0 if key.rsplit("/", 1)[-1].startswith("num_") else w[channel.get(name, 0)]
-            out[key] = out.get(key, 0.0) + weight * value
-    return out
-
-
-def _to_float(v: Any) -> float:
-    if isinstance(v, torch.Tensor):
-        return float(v.detach().float().item())
-    return float(v)
-
-
-def _count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    total = 0
-    for key in ("attention_mask", "ctx_teacher_attention_mask", "dpo_chosen_attention_mask",
-                "dpo_rejected_attention_mask"):
-        if key in batch:
-            total += int(batch[key].sum())
-        elif key == "attention_mask" and "input_ids" in batch:
-            total += batch["input_ids"].numel()
-    return total
+        """Load weights in place (``engine.weights.load_weights``); the optimizer state is kept."""
+        load_weights(self.model, weights)

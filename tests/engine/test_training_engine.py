@@ -287,7 +287,7 @@ def test_build_training_data_python_tasks_and_mixed():
 
 
 def test_lr_lambda_shapes():
-    from composer_replication.engine.student import build_lr_lambda
+    from composer_replication.engine.schedule import build_lr_lambda
 
     const = build_lr_lambda(warmup_steps=2, num_steps=10, scheduler="constant")
     assert [const(s) for s in range(4)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
