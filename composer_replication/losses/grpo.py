@@ -141,6 +141,22 @@ def _check_inputs(logprobs, old_logprobs, advantages, response_mask, config, ref
         )
 
 
+def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, loss_type: str,
+               max_completion_length: int | None) -> torch.Tensor:
+    """``[B, T]`` masked per-token losses -> the scalar of ``loss_type`` (TRL's aggregations)."""
+    if loss_type == "grpo":  # per-sequence token mean, then the mean over sequences
+        return (per_token.sum(-1) / lengths.clamp(min=1).to(per_token.dtype)).mean()
+    if loss_type in ("bnpo", "dapo"):  # token mean over the batch
+        return per_token.sum() / mask.sum().clamp(min=1)
+    max_len = max_completion_length if max_completion_length is not None else per_token.shape[1]  # dr_grpo
+    if int(lengths.max()) > max_len:
+        raise ValueError(
+            f"max_completion_length={max_len} is shorter than a response in the batch "
+            f"({int(lengths.max())} tokens); pass a larger max_completion_length"
+        )
+    return per_token.sum() / (per_token.shape[0] * max_len)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -200,18 +216,7 @@ def grpo_loss(
             per_token = per_token + config.kl_beta * kl
     per_token = torch.where(mask_b, per_token.expand(shape), zeros)
 
-    if config.loss_type == "grpo":
-        loss = (per_token.sum(-1) / lengths.clamp(min=1).to(logprobs.dtype)).mean()
-    elif config.loss_type in ("bnpo", "dapo"):
-        loss = per_token.sum() / mask.sum().clamp(min=1)
-    else:  # dr_grpo
-        max_len = max_completion_length if max_completion_length is not None else shape[1]
-        if int(lengths.max()) > max_len:
-            raise ValueError(
-                f"max_completion_length={max_len} is shorter than a response in the batch "
-                f"({int(lengths.max())} tokens); pass a larger max_completion_length"
-            )
-        loss = per_token.sum() / (shape[0] * max_len)
+    loss = _aggregate(per_token, mask, lengths, config.loss_type, max_completion_length)
 
     with torch.no_grad():
         low = (ratio < 1 - config.epsilon_low) & (adv < 0)
