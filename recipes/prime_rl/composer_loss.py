@@ -172,6 +172,20 @@ def _safe_mean(values: Tensor, mask: Tensor) -> Tensor:
     return values[mask].sum() / torch.clamp_min(mask.sum(), 1)
 
 
+def _warn_if_all_masked(loss_mask: torch.Tensor, keep_mask: torch.Tensor, low: float, high: float) -> None:
+    """``DPPOMaskWarning`` when the DPPO mask dropped every loss token of the sample (TROUBLESHOOTING §10)."""
+    if bool(loss_mask.any()) and not bool(keep_mask.any()):
+        warnings.warn(
+            f"the DPPO mask dropped all {int(loss_mask.sum())} loss tokens of this sample (|exp(lp) - "
+            f"exp(lp_inf)| beyond dppo_mask_high={high} / dppo_mask_low={low}), so its "
+            "policy-gradient term is 0 and only the KL term trains. The trainer and inference log-probs "
+            "disagree (dtype, stale rollouts, chat template): inspect the quantiles of |probs_diff|. Widening "
+            "the bounds only hides it (TROUBLESHOOTING §10)",
+            DPPOMaskWarning,
+            stacklevel=3,
+        )
+
+
 def composer_loss(
     inputs: LossInputs,
     *,
@@ -213,22 +227,11 @@ def composer_loss(
         ValueError: a tensor that is not ``[seq]`` (a batched ``[B, T]`` input says to pass one sample per
             call), lengths that differ, a non-bool mask, a negative coefficient, an unknown ``teacher_source``.
     """
-    _check_kwargs(
-        dppo_mask_low=dppo_mask_low,
-        dppo_mask_high=dppo_mask_high,
-        adv_tau=adv_tau,
-        kl_tau=kl_tau,
-        alpha_sdpo=alpha_sdpo,
-        distill_mask_low=distill_mask_low,
-    )
+    _check_kwargs(dppo_mask_low=dppo_mask_low, dppo_mask_high=dppo_mask_high, adv_tau=adv_tau, kl_tau=kl_tau,
+                  alpha_sdpo=alpha_sdpo, distill_mask_low=distill_mask_low)
     teacher, teacher_mask = _teacher(inputs, teacher_source)
     _check_shapes(inputs, teacher, teacher_mask)
-    lp, lp_inf, advantages, loss_mask = (
-        inputs.trainer_logprobs,
-        inputs.inference_logprobs,
-        inputs.advantages,
-        inputs.loss_mask,
-    )
+    lp, lp_inf, advantages, loss_mask = inputs.trainer_logprobs, inputs.inference_logprobs, inputs.advantages, inputs.loss_mask
 
     # ---- policy term: PRIME-RL's default_loss_fn, in its order of operations ----
     log_ratio = lp - lp_inf
@@ -244,32 +247,14 @@ def composer_loss(
     per_token = -(keep_mask * (adv_tau * advantages) * ratio) + kl_tau * (loss_mask * log_ratio**2)
 
     # ---- channel 2: sampled-token reverse KL to the hint-conditioned teacher ----
-    distill_metrics, per_token = _add_distillation(
-        per_token,
-        lp,
-        ratio,
-        probs_diff,
-        loss_mask,
-        teacher,
-        teacher_mask,
-        teacher_source,
-        alpha_sdpo=alpha_sdpo,
-        distill_mask_low=distill_mask_low,
-    )
+    distill_metrics, per_token = _add_distillation(per_token, lp, ratio, probs_diff, loss_mask, teacher, teacher_mask,
+                                                   teacher_source, alpha_sdpo=alpha_sdpo, distill_mask_low=distill_mask_low)
     if inputs.loss_weights is not None:
         per_token = per_token * inputs.loss_weights
     loss = per_token.sum()
 
-    if warn_all_masked and bool(loss_mask.any()) and not bool(keep_mask.any()):
-        warnings.warn(
-            f"the DPPO mask dropped all {int(loss_mask.sum())} loss tokens of this sample (|exp(lp) - "
-            f"exp(lp_inf)| beyond dppo_mask_high={dppo_mask_high} / dppo_mask_low={dppo_mask_low}), so its "
-            "policy-gradient term is 0 and only the KL term trains. The trainer and inference log-probs "
-            "disagree (dtype, stale rollouts, chat template): inspect the quantiles of |probs_diff|. Widening "
-            "the bounds only hides it (TROUBLESHOOTING §10)",
-            DPPOMaskWarning,
-            stacklevel=2,
-        )
+    if warn_all_masked:
+        _warn_if_all_masked(loss_mask, keep_mask, dppo_mask_low, dppo_mask_high)
     metrics = {
         "masked_mismatch_kl": _safe_mean(mismatch_kl, loss_mask & is_masked),
         "unmasked_mismatch_kl": _safe_mean(mismatch_kl, keep_mask),
