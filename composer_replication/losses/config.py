@@ -113,8 +113,10 @@ class LossConfig(GRPOLossConfig):
     loss alone loses once it saturates. 0 disables it."""
 
     def __post_init__(self) -> None:
-        for key in ("alpha_sdpo", "beta_replay", "replay_dpo_beta", "simpo_beta", "rpo_alpha"):
+        for key in ("alpha_sdpo", "beta_replay", "rpo_alpha"):
             _check(getattr(self, key) >= 0, f"loss.{key}", f"must be >= 0, got {getattr(self, key)!r}")
+        for key in ("replay_dpo_beta", "simpo_beta"):  # the preference losses' temperature: 0 makes them constant
+            _check(getattr(self, key) > 0, f"loss.{key}", f"must be > 0, got {getattr(self, key)!r}")
         _check(
             0 <= self.sdpo_jsd_beta <= 1,
             "loss.sdpo_jsd_beta",

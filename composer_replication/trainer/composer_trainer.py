@@ -38,7 +38,7 @@ import torch
 
 from composer_replication.batching import TokenizedPair, pad_id, pad_rows, tokenize_pair
 from composer_replication.chat_format import build_hinted_teacher_sequence
-from composer_replication.losses import dpo_loss, self_distillation_loss, sequence_logprobs_for
+from composer_replication.losses import LossConfig, dpo_loss, self_distillation_loss, sequence_logprobs_for
 from composer_replication.types import PreferencePair
 
 try:
@@ -107,22 +107,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
     ) -> None:
         if not _TRL_AVAILABLE:
             raise ImportError(f"ComposerReplicationTrainer needs trl (a TRL GRPOTrainer subclass): {_INSTALL}")
-        checks = [
-            ("alpha_sdpo", alpha_sdpo, alpha_sdpo >= 0, ">= 0"),
-            ("beta_replay", beta_replay, beta_replay >= 0, ">= 0"),
-            ("sdpo_jsd_beta", sdpo_jsd_beta, 0 <= sdpo_jsd_beta <= 1, "in [0, 1]"),
-            ("sdpo_temperature", sdpo_temperature, sdpo_temperature > 0, "> 0"),
-            ("sdpo_token_clip", sdpo_token_clip, sdpo_token_clip is None or sdpo_token_clip > 0, "None or > 0"),
-            ("replay_dpo_beta", replay_dpo_beta, replay_dpo_beta > 0, "> 0"),
-            ("loss_chunk_size", loss_chunk_size, loss_chunk_size is None or loss_chunk_size >= 1, "None or >= 1"),
-        ]
-        for name, value, ok, rule in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {rule}, got {value!r}")
-        self.alpha_sdpo, self.beta_replay = float(alpha_sdpo), float(beta_replay)
-        self.sdpo_jsd_beta, self.sdpo_temperature = float(sdpo_jsd_beta), float(sdpo_temperature)
-        self.sdpo_token_clip, self.replay_dpo_beta = sdpo_token_clip, float(replay_dpo_beta)
-        self.loss_chunk_size = loss_chunk_size
+        # one set of checks: the loss library's config (errors name the key, e.g. 'loss.alpha_sdpo')
+        self.loss_config = LossConfig(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
+                                      sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip,
+                                      replay_dpo_beta=replay_dpo_beta, chunk_size=loss_chunk_size)
+        c = self.loss_config
+        self.alpha_sdpo, self.beta_replay = float(c.alpha_sdpo), float(c.beta_replay)
+        self.sdpo_jsd_beta, self.sdpo_temperature = float(c.sdpo_jsd_beta), float(c.sdpo_temperature)
+        self.sdpo_token_clip, self.replay_dpo_beta = c.sdpo_token_clip, float(c.replay_dpo_beta)
+        self.loss_chunk_size = c.chunk_size
         super().__init__(*args, **kwargs)
         if getattr(self.args, "use_liger_kernel", False):
             raise ValueError("use_liger_kernel=True skips _compute_loss, so channels 2 and 3 would never run; "

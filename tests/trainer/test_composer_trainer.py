@@ -200,10 +200,12 @@ def test_channels_skip_rows_without_data_and_check_alignment(trainer, batch):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"alpha_sdpo": -1.0}, "alpha_sdpo must be >= 0"), ({"beta_replay": -0.1}, "beta_replay must be >= 0"),
-     ({"sdpo_jsd_beta": 1.5}, r"sdpo_jsd_beta must be in \[0, 1\]"), ({"sdpo_temperature": 0.0}, "sdpo_temperature"),
-     ({"sdpo_token_clip": 0.0}, "sdpo_token_clip must be None or > 0"), ({"replay_dpo_beta": 0.0}, "replay_dpo_beta"),
-     ({"loss_chunk_size": 0}, "loss_chunk_size must be None or >= 1")],
+    [({"alpha_sdpo": -1.0}, "'loss.alpha_sdpo' must be >= 0"), ({"beta_replay": -0.1}, "'loss.beta_replay' must be >= 0"),
+     ({"sdpo_jsd_beta": 1.5}, r"'loss.sdpo_jsd_beta' must be in \[0, 1\]"),
+     ({"sdpo_temperature": 0.0}, "'loss.sdpo_temperature' must be > 0"),
+     ({"sdpo_token_clip": 0.0}, "'loss.sdpo_token_clip' must be > 0 or null"),
+     ({"replay_dpo_beta": 0.0}, "'loss.replay_dpo_beta' must be > 0"),
+     ({"loss_chunk_size": 0}, "'loss.chunk_size' must be an int >= 1 or null")],
 )
 def test_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
