@@ -111,6 +111,11 @@ class ReplicaHosts:
             return "local"
         return self.slot_worker.setdefault(index, self.workers[index % len(self.workers)])
 
+    def local_index(self, index: int) -> int:
+        """Replica ``index``'s position among the replicas on its host (its GPU there: ``cuda:<local_index>``)."""
+        where = self.where(index)
+        return index if where == "local" else sum(self.where(j) == where for j in range(index))
+
     def advertise_host(self, index: int) -> str:
         """The host name other replicas reach replica ``index`` at (store, checkpoint server)."""
         where = self.where(index)

@@ -75,6 +75,7 @@ class StudentTrainer(Actor):
         threads: int = 0,
         rank: int | None = None,
         shard: bool = False,
+        local_rank: int | None = None,
     ) -> dict[str, Any]:
         """Build the training data and the ``StudentTrainerCore`` (model, reference, optimizer).
 
@@ -88,6 +89,8 @@ class StudentTrainer(Actor):
             threads: ``torch.set_num_threads`` for this process (0 leaves the default).
             rank: this replica's rank when each replica has its own 1-proc mesh (default: the mesh rank).
             shard: train on the disjoint shard ``rank::world_size`` of the data (DiLoCo replicas).
+            local_rank: this replica's index on its host (``device: auto`` picks ``cuda:<local_rank>``;
+                default: ``rank``).
 
         Returns:
             ``{"rank", "pid", "device", "n_prompts", "n_pairs", "n_params"}``.
@@ -113,7 +116,7 @@ class StudentTrainer(Actor):
 
             data = shard_training_data(data, self.rank, world_size, keep_eval=config.rollout.prompts_per_step)
         self.core = StudentTrainerCore(config, data=data, rank=self.rank, world_size=world_size,
-                                       local_rank=self.rank)
+                                       local_rank=self.rank if local_rank is None else local_rank)
         self.fault = FaultSpec(inject_fault) if inject_fault else None
         return {
             "rank": self.rank, "pid": os.getpid(), "device": str(self.core.device),

@@ -85,6 +85,7 @@ def start_diloco(
             threads=m.threads_per_proc,
             rank=index,
             shard=True,
+            local_rank=meshes.replica_hosts.local_index(index),
         )
 
     replicas = ReplicaSet(

@@ -103,6 +103,7 @@ def test_replica_hosts_place_and_move_replicas():
     hosts = ReplicaHosts(workers=["tcp://h1:1", "tcp://127.0.0.1:2"], spares=["tcp://h3:1"])
     assert [hosts.where(i) for i in range(3)] == ["tcp://h1:1", "tcp://127.0.0.1:2", "tcp://h1:1"]
     assert hosts.advertise_host(0) == "h1" and hosts.advertise_host(1) == "127.0.0.1"
+    assert [hosts.local_index(i) for i in range(3)] == [0, 0, 1]  # replica 2 is the second on h1
     assert hosts.replace_worker(0) == "tcp://h3:1"  # every slot on the lost worker moves
     assert hosts.where(0) == hosts.where(2) == "tcp://h3:1" and hosts.where(1) == "tcp://127.0.0.1:2"
     assert hosts.replace_worker(1) is None  # no spare left
