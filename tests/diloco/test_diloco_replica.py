@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -141,9 +142,11 @@ def test_a_replacement_heals_from_its_peer(lighthouse):
     trainers = {0: MLPTrainer(0), 1: MLPTrainer(1)}
     group = _group(lighthouse, trainers)
     _lockstep(group, range(4))
-    group[1].shutdown()
+    group[1].shutdown()  # a finished (or stopped) replica ends its heartbeat: nobody waits out the quorum timeout
+    t0 = time.monotonic()
     alone = _lockstep({0: group[0]}, range(4, 8))
     assert [m["diloco/participants"] for m in alone[0] if m["diloco/synced"]] == [1.0]
+    assert time.monotonic() - t0 < CFG.quorum_timeout_s / 2
     new = DilocoReplica(
         MLPTrainer(1),
         CFG,
