@@ -22,7 +22,6 @@ Exit status: 0 when at least one call succeeded, 1 when every call failed, 2 on 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -285,7 +284,7 @@ def _make_normalizer(recipe: str | None) -> Any:
     """``replaysim.DJNormalizer`` for ``--normalize [RECIPE]`` (built before any call is paid), else None."""
     if recipe is None:
         return None
-    from composer_replication.replaysim import DJNormalizer  # lazy: optional layer, other owner
+    from composer_replication.replaysim import DJNormalizer  # lazy: only with --normalize
 
     return DJNormalizer(recipe) if recipe else DJNormalizer()
 
@@ -344,12 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, MissingAPIKeyError, FileNotFoundError, LedgerLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pairs: list[dict[str, Any]] = [dict(p) for p in extract_dpo_pairs(
+    pairs = extract_dpo_pairs(
         states, results, args.agreement, student_actions=samples,
-        student_meta=sampling.metadata(0) if samples is not None else None)]
+        student_meta=sampling.metadata(0) if samples is not None else None)  # one pair record, normalized or not
     if normalizer is not None:
-        pairs = [dataclasses.asdict(n) for n in normalizer.normalize(pairs)]
-    save_pairs(pairs, args.out)  # type: ignore[arg-type]
+        pairs = normalizer.normalize(pairs)
+    save_pairs(pairs, args.out)
     if args.results is not None:
         atomic_write_text(args.results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
     _summary(results, len(pairs), args.out)

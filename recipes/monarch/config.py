@@ -50,7 +50,7 @@ class DataConfig:
     current folder, then from the repository root; ``bundled:<glob>`` names the bundled data (synthetic
     Claude Code sessions: ``sessions/train/`` and ``sessions/heldout/``)."""
     max_states: int = 32
-    """Trace states kept (the first ones, in file order) for replay and training."""
+    """Trace states kept for replay and training: a fixed draw spread over all the sessions."""
     max_history_tokens: int | None = None
     """Trim each state's history to this many (approximate) tokens; ``null`` keeps the ingester's default."""
     tasks: str | None = None
@@ -158,7 +158,9 @@ class RunConfig:
     keep_last: int | None = 3
     """Keep only the newest N checkpoints; ``null`` keeps all."""
     evaluate: bool = True
-    """Greedy evaluation at the start and at the end (in the summary)."""
+    """Greedy evaluation on the held-out sessions at the start and at the end (``eval_start`` / ``eval_end``)."""
+    eval_every: int = 0
+    """Also evaluate every N steps (``eval/*`` rows: the learning curve); 0: only at the start and the end."""
     display: Literal["rich", "plain", "none"] = "rich"
     """Progress display: ``rich`` (live bar + table), ``plain`` (a line per step) or ``none``."""
 
