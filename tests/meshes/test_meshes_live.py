@@ -27,9 +27,10 @@ def test_reducer_averages_tensors_and_metrics(reducer):
     out = wait(reducer.average.call_one([{"w": torch.ones(3)}, {"w": 3 * torch.ones(3)}]), actor="reducer",
                timeout_s=120)
     assert torch.equal(out["w"], 2 * torch.ones(3))
-    m = wait(reducer.aggregate_metrics.call_one([{"total": 1.0, "n_pairs": 1.0}, {"total": 2.0, "n_pairs": 2.0}]),
+    m = wait(reducer.aggregate_metrics.call_one([{"loss/total": 1.0, "replay/num_pairs": 1.0},
+                                                  {"loss/total": 2.0, "replay/num_pairs": 2.0}]),
              actor="reducer", timeout_s=60)
-    assert m == {"total": 1.5, "n_pairs": 3.0}
+    assert m == {"loss/total": 1.5, "replay/num_pairs": 3.0}  # counts (*/num_*) add up, the rest is averaged
 
 
 def test_an_endpoint_error_names_actor_and_rank(reducer):
