@@ -125,7 +125,8 @@ class MeshConfig:
     """Process meshes, timeouts and supervision."""
 
     num_replicas: int = 1
-    """Trainer replicas (one process each; one GPU each on CUDA machines)."""
+    """Trainer processes without DiLoCo: 1 (more would train separate models and is refused; use
+    ``diloco.replicas`` for replicas that train one model)."""
     setup_timeout_s: float = 600.0
     """Timeout of every ``setup`` call (model loading)."""
     replay_timeout_s: float = 1800.0
@@ -235,6 +236,10 @@ class RecipeConfig:
                 raise ValueError(f"'mesh.{key}' must index 'mesh.workers' (0..{len(m.workers) - 1}), "
                                  f"got {getattr(m, key)}")
         if not d.enabled:
+            if m.num_replicas > 1:
+                raise ValueError(f"'mesh.num_replicas' is {m.num_replicas}: replicas that do not sync train "
+                                 f"{m.num_replicas} separate models; set 'diloco.replicas: {m.num_replicas}' "
+                                 "instead (replicas that train one model, docs/diloco.md)")
             if m.workers:
                 raise ValueError("'mesh.workers' needs 'diloco.replicas' >= 2 (replicas are what runs on the workers)")
             return

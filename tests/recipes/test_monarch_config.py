@@ -90,3 +90,8 @@ def test_yaml_path_works(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text((REPO / "recipes/monarch/configs/tiny.yaml").read_text())
     assert load_config(str(path), [*session_overrides(), "student.seed=3"]).student.seed == 3
+
+
+def test_independent_replicas_are_refused_with_the_diloco_setting_to_use():
+    with pytest.raises(ValueError, match=r"'mesh.num_replicas' is 2: .* set 'diloco.replicas: 2'"):
+        load_config("tiny", ["mesh.num_replicas=2"])
