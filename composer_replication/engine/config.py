@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from composer_replication.engine.tree import apply_overrides, from_dict, to_dict, yaml_error_text
 from composer_replication.losses.config import LossConfig  # the loss library's config, under ``loss``
+from composer_replication.losses.config import check_choice as _check_choice
+from composer_replication.losses.config import check_key as _check
 
 __all__ = [
     "OptimConfig",
@@ -33,15 +35,6 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _check(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"'{key}' {msg}")
-
-
-def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------- config trees

@@ -23,13 +23,18 @@ IS_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
 
 
-def _check(cond: bool, key: str, msg: str) -> None:
+def check_key(cond: bool, key: str, msg: str) -> None:
+    """Raise ``ValueError("'<key>' <msg>")`` unless ``cond``: the one form of a config check's error."""
     if not cond:
         raise ValueError(f"'{key}' {msg}")
 
 
-def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+def check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+    """:func:`check_key` that ``value`` is one of ``choices`` (the message lists them)."""
+    check_key(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+_check, _check_choice = check_key, check_choice
 
 
 @dataclass(kw_only=True)
