@@ -104,48 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     display = Display(cfg.run.display, num_steps=cfg.student.num_steps)
     faults, restore_hook = install_fault_hook()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: finally runs
-    meshes = diloco = None
-    d = cfg.diloco
+    live: dict = {"meshes": None, "diloco": None}  # what the finally: block stops
     try:
-        # ------------------------------------------------------------ meshes and actors
-        replicas = d.replicas if d.enabled else m.num_replicas
-        display.message(f"run folder {run.path}; spawning meshes ({replicas} trainer replica(s)"
-                        f"{', DiLoCo' if d.enabled else ''}{f' on {len(m.workers)} workers' if m.workers else ''})")
-        env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        if m.workers:
-            meshes = attach_meshes(m.workers, spares=m.spare_workers, teacher_worker=m.teacher_worker,
-                                   reducer_worker=m.reducer_worker)
-        else:
-            meshes = local_meshes(num_replicas=m.num_replicas, env=env, diloco=d.enabled)
-        teacher = meshes.add("teacher", meshes.teacher.spawn("teacher", TeacherReplay))
-        trainer = None if d.enabled else meshes.add("trainer", meshes.trainer.spawn("trainer", StudentTrainer))
-        reducer = meshes.add("reducer", meshes.reducer.spawn("reducer", Reducer))
-        warm = None if d.enabled else trainer.warmup.call()  # imports torch while the teachers replay
-        t = cfg.teachers
-        tinfo = wait(teacher.setup.call_one(
-            cfg.teacher_specs(), agreement_threshold=t.agreement_threshold, max_tokens=t.max_tokens,
-            temperature=t.temperature, seed=t.seed, timeout_s=t.timeout_s,
-            local_device="cuda" if cfg.student.device != "cpu" and _cuda() else "cpu",
-            inject_fault=m.inject_fault, threads=m.threads_per_proc, student=cfg.student_samples()),
-            actor="teacher", timeout_s=m.setup_timeout_s, what="setup")
-        # ------------------------------------------------------------ teacher replay -> pairs
-        display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
-        pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
-        display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
-        if d.enabled:  # one proc mesh per replica, a lighthouse here; replicas join at the first step
-            diloco = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states, pairs=pairs,
-                                  eval_states=eval_states, on_event=display.message)
-            setup, mesh_trainer = diloco.setup, diloco.trainer
-        else:
-            wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
-            setup = wait(trainer.setup.call(
-                cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
-                num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
-                eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
-                threads=m.threads_per_proc), actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
-            mesh_trainer = MeshTrainer(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
-        (run.path / "processes.json").write_text(json.dumps(
-            {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
+        mesh_trainer, spent, n_pairs, dropped = _build(cfg, run, display, states, eval_states, resuming, live)
         # ------------------------------------------------------------ training: the one driver
         drive_cfg = DriveConfig(num_steps=cfg.student.num_steps, checkpoint_every=cfg.run.checkpoint_every,
                                 keep_last=cfg.run.keep_last, resume=resuming, evaluate=cfg.run.evaluate,
@@ -154,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         extra_metrics={"replay/spent_usd": spent},
                         on_step=lambda step, metrics: display.step(step, metrics, spent),
                         on_resume=lambda step: display.message(f"resumed at step {step}"),
-                        summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": len(pairs),
+                        summary_extra={"run_dir": str(run.path), "n_states": len(states), "n_pairs": n_pairs,
                                        "replay/spent_usd": spent, **dropped})
-        if diloco is not None:  # the digests after the last sync, restarts (known only once training ended)
-            summary.update(diloco.summary())
+        if live["diloco"] is not None:  # the digests after the last sync, restarts (known once training ended)
+            summary.update(live["diloco"].summary())
             run.write_summary(summary)
         display.summary(summary)
         display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
@@ -172,15 +133,65 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         display.close()
-        if diloco is not None:
-            diloco.stop(timeout_s=min(30.0, m.call_timeout_s))
-        if meshes is not None:
-            meshes.stop(timeout_s=min(30.0, m.call_timeout_s))
+        if live["diloco"] is not None:
+            live["diloco"].stop(timeout_s=min(30.0, m.call_timeout_s))
+        if live["meshes"] is not None:
+            live["meshes"].stop(timeout_s=min(30.0, m.call_timeout_s))
         run.close()
         restore_hook()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if faults.failures:
             log.warning("%d actor failure(s) were reported by Monarch during the run", len(faults.failures))
+
+
+def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states, resuming: bool, live: dict):
+    """Spawn the meshes and actors, replay the states into pairs, set the student replicas up.
+
+    Returns ``(step trainer for engine.drive, teacher spend, number of pairs, replay drop counts)``; the
+    meshes (and the DiLoCo replicas) go into ``live`` as soon as they exist, for the caller to stop.
+    """
+    m, d = cfg.mesh, cfg.diloco
+    # ------------------------------------------------------------ meshes and actors
+    replicas = d.replicas if d.enabled else m.num_replicas
+    display.message(f"run folder {run.path}; spawning meshes ({replicas} trainer replica(s)"
+                    f"{', DiLoCo' if d.enabled else ''}{f' on {len(m.workers)} workers' if m.workers else ''})")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if m.workers:
+        meshes = attach_meshes(m.workers, spares=m.spare_workers, teacher_worker=m.teacher_worker,
+                               reducer_worker=m.reducer_worker)
+    else:
+        meshes = local_meshes(num_replicas=m.num_replicas, env=env, diloco=d.enabled)
+    live["meshes"] = meshes
+    teacher = meshes.add("teacher", meshes.teacher.spawn("teacher", TeacherReplay))
+    trainer = None if d.enabled else meshes.add("trainer", meshes.trainer.spawn("trainer", StudentTrainer))
+    reducer = meshes.add("reducer", meshes.reducer.spawn("reducer", Reducer))
+    warm = None if d.enabled else trainer.warmup.call()  # imports torch while the teachers replay
+    t = cfg.teachers
+    tinfo = wait(teacher.setup.call_one(
+        cfg.teacher_specs(), agreement_threshold=t.agreement_threshold, max_tokens=t.max_tokens,
+        temperature=t.temperature, seed=t.seed, timeout_s=t.timeout_s,
+        local_device="cuda" if cfg.student.device != "cpu" and _cuda() else "cpu",
+        inject_fault=m.inject_fault, threads=m.threads_per_proc, student=cfg.student_samples()),
+        actor="teacher", timeout_s=m.setup_timeout_s, what="setup")
+    # ------------------------------------------------------------ teacher replay -> pairs
+    display.message(f"replaying {len(states)} trace states with {', '.join(t.slugs)}")
+    pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
+    display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
+    if d.enabled:  # one proc mesh per replica, a lighthouse here; replicas join at the first step
+        diloco = live["diloco"] = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states,
+                                               pairs=pairs, eval_states=eval_states, on_event=display.message)
+        setup, mesh_trainer = diloco.setup, diloco.trainer
+    else:
+        wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
+        setup = wait(trainer.setup.call(
+            cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks_path=cfg.data.tasks,
+            num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
+            eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
+            threads=m.threads_per_proc), actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+        mesh_trainer = MeshTrainer(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
+    (run.path / "processes.json").write_text(json.dumps(
+        {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
+    return mesh_trainer, spent, len(pairs), dropped
 
 
 def _cuda() -> bool:
