@@ -143,16 +143,9 @@ def make_diloco_outer_loop(
     """
     if not _TORCHFT_AVAILABLE:
         raise RuntimeError(f"make_diloco_outer_loop needs torchft, which is not importable: {_INSTALL_HINT}")
-    _validate(
-        model_fragments,
-        inner_optimizer,
-        outer_lr=outer_lr,
-        outer_momentum=outer_momentum,
-        nesterov=nesterov,
-        sync_every=sync_every,
-        fragment_sync_delay=fragment_sync_delay,
-        fragment_update_alpha=fragment_update_alpha,
-    )
+    _validate(model_fragments, inner_optimizer, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov,
+              sync_every=sync_every, fragment_sync_delay=fragment_sync_delay,
+              fragment_update_alpha=fragment_update_alpha)
     if getattr(manager, "_use_async_quorum", False):
         raise ValueError(
             "DiLoCo needs a synchronous quorum: build the torchft Manager with use_async_quorum=False"
@@ -166,12 +159,5 @@ def make_diloco_outer_loop(
         len(model_fragments), sync_every, fragment_sync_delay, fragment_update_alpha,
         outer_lr, outer_momentum, nesterov,
     )
-    return DiLoCo(
-        manager,
-        list(model_fragments),
-        inner_optimizer,
-        outer_optimizers,
-        sync_every=sync_every,
-        fragment_sync_delay=fragment_sync_delay,
-        fragment_update_alpha=fragment_update_alpha,
-    )
+    return DiLoCo(manager, list(model_fragments), inner_optimizer, outer_optimizers, sync_every=sync_every,
+                  fragment_sync_delay=fragment_sync_delay, fragment_update_alpha=fragment_update_alpha)
