@@ -34,19 +34,22 @@ METRIC = "eval/agreement_partial"
 SHOWN = ("eval/agreement_partial", "eval/agreement", "eval/tool_choice_rate", "eval/well_formed_call_rate")
 
 
-def run_seed(preset: str, seed: int, folder: Path, overrides: list[str]) -> dict:
-    """One recipe run; returns its summary plus its eval curve ``[(step, {metric: value})]``."""
+def run_seed(preset: str, seed: int, folder: Path, overrides: list[str], *, reuse: bool = False) -> dict:
+    """One recipe run (or, with ``reuse``, the finished run already in ``folder``); returns its summary plus its
+    eval curve ``[(step, {metric: value})]``."""
     args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"student.seed={seed}",
             f"run.dir={folder}", "run.display=plain", "run.evaluate=true", *overrides]
     t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    if not (reuse and (folder / "summary.json").is_file()):
+        proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     summary = json.loads((folder / "summary.json").read_text())
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
     summary["curve"] = [(r["step"], r) for r in rows if METRIC in r]
     summary["reward_curve"] = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
-    summary["bench_wall_s"] = time.perf_counter() - t0
+    summary["bench_wall_s"] = summary.get("wall_time_s", 0.0) if reuse else time.perf_counter() - t0
     return summary
 
 
@@ -78,13 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
     p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md nor the picture")
+    p.add_argument("--reuse", action="store_true",
+                   help="with --out: take seeds whose run folder already holds a finished run (summary.json) as they are "
+                        "(e.g. seeds run in parallel with the command the benchmark prints) instead of running them again")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
     args = p.parse_args(argv)
     results, gains = [], []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         for seed in range(args.seeds):
-            res = run_seed(args.preset, seed, root / f"seed{seed}", args.overrides)
+            res = run_seed(args.preset, seed, root / f"seed{seed}", args.overrides, reuse=args.reuse)
             start, end = res["eval_start"], res["eval_end"]
             gains.append(end[METRIC] - start[METRIC])
             results.append(res)
