@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.losses
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV)
