@@ -46,7 +46,7 @@ def test_tiny_run_completes_with_every_channel(tiny_run):
     rc, out, run_dir, _ = tiny_run
     assert rc == 0, out[-3000:]
     for name in ("config.yaml", "metrics.jsonl", "pairs.jsonl", "summary.json", "processes.json",
-                 "teacher_ledger.jsonl"):
+                 "teacher_ledger.jsonl", "report.png"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
