@@ -19,6 +19,7 @@ import yaml
 from composer_replication.diloco.config import DilocoConfig
 from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
 from composer_replication.engine.config import yaml_error_text
+from composer_replication.losses.config import check_key
 from recipes.monarch.run_folder import check_fresh_run_dir, open_run_dir
 
 __all__ = [
@@ -186,10 +187,10 @@ class RecipeConfig:
     def __post_init__(self) -> None:
         if not self.run.dir.strip():
             raise ValueError("'run.dir' must name a folder (e.g. runs/monarch-{time}), got an empty string")
-        _positive(self.data.max_states, "data.max_states")
-        _positive(self.mesh.num_replicas, "mesh.num_replicas")
-        _positive(self.teachers.agreement_threshold, "teachers.agreement_threshold")
-        _positive(self.teachers.max_tokens, "teachers.max_tokens")
+        for key, value in (("data.max_states", self.data.max_states), ("mesh.num_replicas", self.mesh.num_replicas),
+                           ("teachers.agreement_threshold", self.teachers.agreement_threshold),
+                           ("teachers.max_tokens", self.teachers.max_tokens)):
+            check_key(value >= 1, key, f"must be >= 1, got {value!r}")
         for key in ("setup_timeout_s", "replay_timeout_s", "call_timeout_s"):
             if getattr(self.mesh, key) <= 0:
                 raise ValueError(f"'mesh.{key}' must be > 0 seconds, got {getattr(self.mesh, key)!r}")
@@ -278,11 +279,6 @@ class RecipeConfig:
                     spec["base_url"] = t.base_url
             out.append(spec)
         return out
-
-
-def _positive(value: int, key: str) -> None:
-    if value < 1:
-        raise ValueError(f"'{key}' must be >= 1, got {value!r}")
 
 
 def list_presets() -> list[str]:
