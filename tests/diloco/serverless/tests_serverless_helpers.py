@@ -40,9 +40,12 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+_INIT_LOCK = threading.Lock()  # torch's RNG is process-wide: threads (run_ranks) must not seed it concurrently
+
+
 def mlp(seed: int = 0) -> torch.nn.Module:
-    """A small MLP, the same on every replica for the same seed."""
-    with torch.random.fork_rng(devices=[]):
+    """A small MLP, the same on every replica for the same seed (also when replicas are threads)."""
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
