@@ -206,7 +206,8 @@ class _Distillation(LossComponent):
         if n == 0:
             return student.hidden.sum() * 0.0, metrics
         t_attn = optional_tensor(inputs, "ctx_teacher_attention_mask", t_ids)
-        teacher = SequenceBatch(ctx.model, t_ids, t_attn, ctx.head, chunk_size, grad=False)
+        teacher = SequenceBatch(ctx.model, t_ids, t_attn, ctx.head, chunk_size, grad=False,
+                                share_prefix=ctx.config.share_prefix)
         if chunk_size is None:
             s_logits = student.full[s_idx[:, 0], s_idx[:, 1] - 1]
             t_logits = teacher.full[t_idx[:, 0], t_idx[:, 1] - 1]
@@ -283,21 +284,26 @@ def _with_chosen_nll(loss: torch.Tensor, sums: list[torch.Tensor], counts: list[
 
 
 def _pair_logprobs(ctx: LossContext) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Summed response log-probs ``[P]`` and response token counts ``[P]`` of the chosen and rejected rows."""
+    """Summed response log-probs ``[P]`` and response token counts ``[P]`` of the chosen and rejected rows.
+
+    Both sides go through one decoder pass (``[2P, T]``, the shorter side right-padded), so that a pair's
+    prompt, the prefix its two rows share, is decoded once (``LossConfig.share_prefix``)."""
     inputs = ctx.inputs
-    sums, counts = [], []
+    sides = []
     for side in ("chosen", "rejected"):
         ids = inputs[f"dpo_{side}_input_ids"]
         mask = batch_tensor(inputs, f"dpo_{side}_response_mask", ids.shape)
         attn = optional_tensor(inputs, f"dpo_{side}_attention_mask", ids)
-        lp, valid = SequenceBatch(ctx.model, ids, attn, ctx.head, ctx.config.chunk_size).token_logprobs(mask)
-        sums.append(sequence_logprobs(lp, valid))
-        counts.append(valid.sum(-1).to(lp.dtype))
-    if sums[0].shape != sums[1].shape:
-        raise ValueError(
-            f"chosen and rejected must hold the same number of pairs; got {sums[0].shape[0]} and {sums[1].shape[0]}"
-        )
-    return sums, counts
+        sides.append((ids, torch.ones_like(ids) if attn is None else attn, mask))
+    n_chosen, n_rejected = sides[0][0].shape[0], sides[1][0].shape[0]
+    if n_chosen != n_rejected:
+        raise ValueError(f"chosen and rejected must hold the same number of pairs; got {n_chosen} and {n_rejected}")
+    width = max(ids.shape[1] for ids, _, _ in sides)
+    ids, attn, mask = (torch.cat([F.pad(side[k], (0, width - side[k].shape[1])) for side in sides]) for k in range(3))
+    lp, valid = SequenceBatch(ctx.model, ids, attn, ctx.head, ctx.config.chunk_size,
+                              share_prefix=ctx.config.share_prefix).token_logprobs(mask)  # [2P, T]
+    sums, counts = sequence_logprobs(lp, valid), valid.sum(-1).to(lp.dtype)
+    return [sums[:n_chosen], sums[n_chosen:]], [counts[:n_chosen], counts[n_chosen:]]
 
 
 def _check_pair_keys(inputs: dict[str, torch.Tensor]) -> None:

@@ -161,7 +161,8 @@ def _context(model, inputs, config, *, taid_t=None, max_completion_length=None) 
     resp = batch_tensor(inputs, "response_mask", ids.shape, "(1 on response tokens)")
     head = output_head(model)
     student = SequenceBatch(
-        model, ids, optional_tensor(inputs, "attention_mask", ids), head, config.chunk_size
+        model, ids, optional_tensor(inputs, "attention_mask", ids), head, config.chunk_size,
+        share_prefix=config.share_prefix,
     )
     return LossContext(
         model=model,

@@ -28,6 +28,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from composer_replication.losses.prefix import plan_prefix_split, shared_prefix_hidden_states
 from composer_replication.losses.chunked import (
     PerTokenFn,
     _acc,
@@ -63,7 +64,11 @@ memory target of DESIGN 4.5 (1024 rows did not: see docs/benchmarks.md)."""
 
 
 def hidden_states(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Final hidden states (after the final norm) of a causal LM's decoder, without the lm_head.
 
@@ -72,6 +77,9 @@ def hidden_states(
         input_ids: ``[B, T]`` token ids.
         attention_mask: ``[B, T]`` 1 on real tokens (default all ones). Either padding side works:
             ``position_ids = clamp(cumsum(mask) - 1, min=0)``.
+        share_prefix: decode a prefix that several rows share once (:mod:`.prefix`: a GRPO group's prompt, a
+            pair's prompt), when that saves at least a fifth of the decoder's tokens. ``False``: one
+            whole-row pass (bit-for-bit what other trainers compute).
 
     Returns:
         ``[B, T, H]`` hidden states (the model's dtype), differentiable when grad is enabled.
@@ -86,6 +94,9 @@ def hidden_states(
         )
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    plan = plan_prefix_split(input_ids, attention_mask) if share_prefix else None
+    if plan is not None:
+        return shared_prefix_hidden_states(decoder, input_ids, attention_mask, position_ids, plan)
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 

@@ -37,12 +37,13 @@ class SequenceBatch:
         model: causal LM. ids / attn: ``[B, T]`` (``attn`` may be ``None``). head: ``(weight [V, H], bias)``.
         chunk_size: rows per chunk, or ``None`` for the naive full ``[B, T, V]`` float32 logits.
         grad: build the graph (when grad is enabled); ``False`` for the no-grad teacher.
+        share_prefix: decode prefixes shared by several rows once (``hidden_states``).
     """
 
-    def __init__(self, model, ids, attn, head, chunk_size, *, grad: bool = True) -> None:
+    def __init__(self, model, ids, attn, head, chunk_size, *, grad: bool = True, share_prefix: bool = True) -> None:
         self.ids, self.attn, (self.w, self.b), self.chunk_size = ids, attn, head, chunk_size
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            self.hidden = hidden_states(model, ids, attn)  # [B, T, H]
+            self.hidden = hidden_states(model, ids, attn, share_prefix=share_prefix)  # [B, T, H]
             self.full = None if chunk_size is not None else F.linear(self.hidden, self.w, self.b).float()
 
     def rows(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -158,6 +159,7 @@ def token_logprobs_for(
     response_mask: torch.Tensor | None = None,
     chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, T]`` (aligned: position 0 and positions outside ``response_mask`` are 0).
 
@@ -167,9 +169,10 @@ def token_logprobs_for(
         model: causal LM. input_ids: ``[B, T]``. attention_mask: ``[B, T]`` or ``None``.
         response_mask: ``[B, T]`` positions wanted (``None``: every real token).
         chunk_size: rows per chunk (``None`` = naive). temperature: softmax temperature.
+        share_prefix: decode prefixes shared by several rows once (``hidden_states``).
     """
     weight, bias = output_head(model)
-    hidden = hidden_states(model, input_ids, attention_mask)
+    hidden = hidden_states(model, input_ids, attention_mask, share_prefix=share_prefix)
     return chunked_token_logprobs(
         hidden,
         weight,

@@ -126,9 +126,9 @@ class _Counter:
 @pytest.mark.parametrize(
     ("kwargs", "drop", "expected"),
     [
-        ({}, (), 4),
-        ({"alpha_sdpo": 0.0}, (), 3),
-        ({}, ("ctx_teacher_input_ids",), 3),
+        ({}, (), 3),  # student, hinted teacher, chosen + rejected in one pass
+        ({"alpha_sdpo": 0.0}, (), 2),
+        ({}, ("ctx_teacher_input_ids",), 2),
         ({"beta_replay": 0.0}, (), 2),
         ({}, ("dpo_chosen_input_ids",), 2),
         ({"alpha_sdpo": 0.0, "beta_replay": 0.0}, (), 1),
