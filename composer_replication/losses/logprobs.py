@@ -28,7 +28,6 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from composer_replication.losses.prefix import plan_prefix_split, shared_prefix_hidden_states
 from composer_replication.losses.chunked import (
     PerTokenFn,
     _acc,
@@ -40,6 +39,7 @@ from composer_replication.losses.chunked import (
     _LogProbHead,
     _need,
 )
+from composer_replication.losses.prefix import plan_prefix_split, shared_prefix_hidden_states
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
