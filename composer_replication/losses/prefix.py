@@ -8,8 +8,9 @@ the decoder's work. This is the prefix sharing of vLLM's prefix cache and of "ca
 attention, done with the model's own KV cache, *with* gradients:
 
 1. :func:`plan_prefix_split` finds the split column ``s`` that minimises the tokens put through the
-   decoder, ``U(s) * s + B * (T - s)`` (``U(s)``: distinct rows of ``ids[:, :s]``), from each row's
-   longest common prefix with an earlier row (a ``[B, B, T]`` comparison, cheap next to one layer);
+   decoder, ``U(s) * s + B * (T - s)`` (``U(s)``: distinct rows of ``ids[:, :s]``): with the rows sorted,
+   ``U(s)`` is one plus the number of neighbours whose common prefix is shorter than ``s`` (``O(B T)``
+   memory, cheap next to one layer);
 2. the ``U`` distinct prefixes run once with ``use_cache=True``; their KV cache is indexed out to the
    ``B`` rows (``Cache.batch_select_indices``, differentiable), and the suffixes ``ids[:, s:]`` run on top
    of it with the full attention mask and the same position ids as a whole-row pass;
@@ -70,22 +71,22 @@ def plan_prefix_split(
     B, T = input_ids.shape
     if B < 2 or T < 2:
         return None
-    same = (input_ids[:, None, :] == input_ids[None, :, :]) & (attention_mask[:, None, :] == attention_mask[None, :, :])
-    lcp = same.long().cumprod(-1).sum(-1)  # [B, B] longest common prefix of rows i and j
-    earlier = torch.ones(B, B, dtype=torch.bool, device=lcp.device).tril(-1)  # j < i
-    shared = torch.where(earlier, lcp, torch.zeros_like(lcp)).amax(-1)  # [B] longest prefix shared with an earlier row
+    key = input_ids.long() * 2 + (attention_mask != 0).long()  # [B, T]: equal keys <=> equal ids and mask
+    _, row_class = torch.unique(key, dim=0, return_inverse=True)  # classes numbered in lexicographic row order
+    ordered = key[torch.argsort(row_class, stable=True)]  # rows sorted: a row's longest common prefix with
+    lcp = (ordered[1:] == ordered[:-1]).long().cumprod(-1).sum(-1)  # any other is with a neighbour [B-1]
     best: tuple[int, int] | None = None  # (tokens, split)
-    for s in sorted({int(v) for v in shared.tolist() if v > 0}):
-        distinct = int((shared < s).sum())
+    for s in sorted({int(v) for v in lcp.tolist() if v > 0}):
+        distinct = 1 + int((lcp < s).sum())  # sorted rows start a new prefix where they part before s
         tokens = distinct * s + B * (T - s)
         if best is None or tokens < best[0]:
             best = (tokens, s)
     if best is None or best[0] > (1.0 - min_saving) * B * T:
         return None
     tokens, s = best
-    first = torch.where(earlier | torch.eye(B, dtype=torch.bool, device=lcp.device), lcp >= s, False)
-    representative = first.long().argmax(-1)  # [B] the first row with the same prefix (itself when none earlier)
-    unique_rows, inverse = torch.unique(representative, sorted=True, return_inverse=True)
+    _, inverse = torch.unique(key[:, :s], dim=0, return_inverse=True)  # [B] the prefix of each row
+    first = torch.full((int(inverse.max()) + 1,), B, dtype=torch.long, device=key.device)
+    unique_rows = first.scatter_reduce(0, inverse, torch.arange(B, device=key.device), reduce="amin")  # [U]
     return PrefixSplit(split=s, unique_rows=unique_rows, inverse=inverse, tokens=tokens, whole_tokens=B * T)
 
 

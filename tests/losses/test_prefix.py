@@ -33,8 +33,9 @@ def test_plan_finds_the_prompt_of_each_group():
     plan = plan_prefix_split(ids, att)
     assert plan is not None
     assert plan.split >= 30  # at least the prompt column (responses may begin alike by chance)
-    assert plan.unique_rows.tolist() == [0, 3]
-    assert plan.inverse.tolist() == [0, 0, 0, 1, 1, 1]
+    g = plan.inverse.tolist()
+    assert g[0] == g[1] == g[2] != g[3] == g[4] == g[5]  # one prefix per group
+    assert plan.unique_rows[plan.inverse].tolist() == [0, 0, 0, 3, 3, 3]  # read from the group's first row
     B, T = ids.shape
     assert plan.tokens == 2 * plan.split + B * (T - plan.split) < plan.whole_tokens == B * T
 
@@ -59,6 +60,17 @@ def test_plan_separates_rows_that_differ_only_in_their_mask():
     att[1, :5] = 0  # same ids, but row 1's first 5 tokens are padding: different positions
     plan = plan_prefix_split(ids, att, min_saving=0.0)
     assert plan is None  # the rows differ from column 0 on: nothing to share
+
+
+def test_plan_reads_rows_in_any_order():
+    ids, att, _ = _grouped_rows(50, prompts=(30, 22), g=3)
+    order = torch.tensor([4, 0, 5, 2, 3, 1])
+    plan = plan_prefix_split(ids[order], att[order])
+    assert plan.unique_rows.numel() == 2 and plan.split >= 30
+    groups = [o // 3 for o in order.tolist()]  # the group each shuffled row came from
+    assert all((plan.inverse[i] == plan.inverse[j]) == (groups[i] == groups[j]) for i in range(6) for j in range(6))
+    reps = plan.unique_rows[plan.inverse]
+    assert all(groups[int(r)] == groups[i] for i, r in enumerate(reps))  # each row reads a row of its own group
 
 
 def test_identical_rows_share_everything(tiny_model_and_tokenizer):
