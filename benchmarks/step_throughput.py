@@ -142,7 +142,10 @@ cores, torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts 
 | engine (`StudentTrainerCore.train_step`) | {statistics.median(ours):.2f} | {ours_sps:.3f} |
 | TRL `GRPOTrainer` | {statistics.median(theirs):.2f} | {trl_sps:.3f} |
 
-**Ratio: {ratio:.2f}x** TRL's samples per second (target >= 1.5x).
+**Ratio: {ratio:.2f}x** TRL's samples per second (target >= 1.5x). Where the difference comes from: the
+engine decodes each prompt once per group in the loss pass (shared-prefix decoding, docs/losses.md) where TRL
+decodes it once per sample; both generate with `model.generate` (KV cache) and skip the old-log-prob pass
+(one optimizer step per generation batch).
 """)
     return 0
 
