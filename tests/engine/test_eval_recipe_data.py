@@ -14,14 +14,15 @@ def test_presets_train_on_the_train_split_and_evaluate_on_heldout_sessions():
         train, held = session_files(cfg), eval_session_files(cfg)
         assert {f.parent.name for f in train} == {"train"} and {f.parent.name for f in held} == {"heldout"}
         assert len(held) >= 8 and not set(train) & set(held)
-    cfg = load_config("single_node")
+    cfg = load_config("single_node", ["data.max_eval_states=24"])
     states, held = load_states(cfg), load_eval_states(cfg)
     assert len(held) == cfg.data.max_eval_states == 24
     assert len({s["state_id"].split("::")[0] for s in held}) >= 8  # spread over the held-out sessions
     assert not {s["state_id"] for s in held} & {s["state_id"] for s in states}
     assert held == load_eval_states(cfg)  # the same states in every run
-    everything = load_eval_states(load_config("single_node", ["data.max_eval_states=0"]))
-    assert len(everything) > 24
+    everything = load_eval_states(load_config("single_node"))  # the default preset evaluates on all of them
+    assert load_config("single_node").data.max_eval_states == 0 and len(everything) == 78
+    assert not {s["state_id"] for s in everything} & {s["state_id"] for s in states}
 
 
 def test_eval_sessions_errors_name_the_key_and_the_fix():
