@@ -67,7 +67,14 @@ def plan_prefix_split(
         input_ids: ``[B, T]`` long.
         attention_mask: ``[B, T]``, 1 on real tokens.
         min_saving: the least fraction of decoder tokens worth a split (in ``[0, 1)``).
+
+    Raises:
+        ValueError: ``min_saving`` outside ``[0, 1)``, or ``attention_mask`` not shaped like ``input_ids``.
     """
+    if not 0.0 <= min_saving < 1.0:
+        raise ValueError(f"min_saving must be in [0, 1), got {min_saving!r}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     if B < 2 or T < 2:
         return None

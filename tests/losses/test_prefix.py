@@ -54,6 +54,14 @@ def test_plan_declines_a_saving_under_the_threshold():
     assert plan_prefix_split(ids, torch.ones_like(ids), min_saving=0.0).split == 4
 
 
+def test_plan_bad_input_errors_name_the_problem():
+    ids = torch.arange(40).repeat(2, 1)
+    with pytest.raises(ValueError, match=r"min_saving must be in \[0, 1\)"):
+        plan_prefix_split(ids, torch.ones_like(ids), min_saving=1.0)
+    with pytest.raises(ValueError, match="attention_mask .* must match input_ids"):
+        plan_prefix_split(ids, torch.ones(2, 39, dtype=torch.long))
+
+
 def test_plan_separates_rows_that_differ_only_in_their_mask():
     ids = torch.arange(30).repeat(2, 1)
     att = torch.ones_like(ids)
