@@ -22,15 +22,15 @@ from typing import Any
 import torch
 
 from composer_replication.actions import parse_action
-from composer_replication.batching import generate_responses
-from composer_replication.chat_format import content_text, end_of_turn_id
+from composer_replication.batching import generate_responses, length_order
+from composer_replication.chat_format import end_of_turn_id
 
 __all__ = ["greedy_texts", "reward_stats", "next_action_stats"]
 
 
 @torch.inference_mode()
 def greedy_texts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Any], *, max_new_tokens: int,
-                 batch_size: int = 16) -> list[str]:
+                 batch_size: int = 64) -> list[str]:
     """Greedy-decoded response text for each prompt (``rollout.Prompt`` or message list), cut at end-of-turn.
 
     Prompts are decoded ``batch_size`` at a time, grouped by length (less left padding), through
@@ -42,7 +42,7 @@ def greedy_texts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Any],
     if batch_size < 1:
         raise ValueError(f"'batch_size' must be >= 1, got {batch_size}")
     messages = [p.messages if isinstance(p, Prompt) else p for p in prompts]
-    order = sorted(range(len(messages)), key=lambda i: sum(len(content_text(m.get("content"))) for m in messages[i]))
+    order = length_order(messages)
     eot = end_of_turn_id(tokenizer)
     texts: list[str] = [""] * len(messages)
     for start in range(0, len(order), batch_size):

@@ -109,7 +109,7 @@ class StudentSampling:
     """Nucleus sampling threshold in (0, 1]."""
     seed: int = 0
     """Seed of the samples (with the batch index; see ``local.sample_actions``)."""
-    batch_size: int = 16
+    batch_size: int = 64
     """States sampled per ``generate`` call (left-padded batches)."""
 
     def __post_init__(self) -> None:
