@@ -91,12 +91,45 @@ def test_identical_rows_share_everything(tiny_model_and_tokenizer):
         torch.testing.assert_close(hidden_states(model, ids, att), hidden_states(model, ids, att, share_prefix=False))
 
 
-@pytest.mark.parametrize("layout", ["grouped", "right_padded_pairs"])
+def _nested_pairs(vocab: int, *, common=20, prompts=(30, 30, 30), responses=(10, 10), seed=0):
+    """Preference layout: ``[system prompt shared by all | the pair's prompt | response]`` per row, right
+    padding; rows ``2p`` and ``2p + 1`` are pair ``p``'s chosen and rejected."""
+    gen = torch.Generator().manual_seed(seed)
+    system = torch.randint(0, vocab, (common,), generator=gen)
+    rows = []
+    for plen in prompts:
+        prompt = torch.cat([system, torch.randint(0, vocab, (plen,), generator=gen)])
+        rows += [torch.cat([prompt, torch.randint(0, vocab, (r,), generator=gen)]) for r in responses]
+    T = max(len(r) for r in rows)
+    ids, att = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], att[i, : len(r)] = r, 1
+    return ids, att
+
+
+def test_plan_cuts_nested_prefixes_into_levels():
+    ids, att = _nested_pairs(50)
+    plan = plan_prefix_split(ids, att)
+    assert [lv.split for lv in plan.levels] == [20] and plan.levels[0].unique_rows.tolist() == [0]
+    g = plan.inverse.tolist()
+    assert plan.split == 50 and g[0] == g[1] and g[2] == g[3] and g[4] == g[5] and len(set(g)) == 3  # per pair
+    assert plan.tokens == 20 * 1 + 30 * 3 + 6 * 10  # < the best single cut: 3 * 50 + 6 * 10
+    assert [lv.split for lv in plan.all_levels()] == [20, 50]
+    single = plan_prefix_split(ids, att, level_tokens=1000)  # levels too dear: one cut
+    assert single.levels == () and single.split == 50 and single.tokens == 3 * 50 + 6 * 10
+    with pytest.raises(ValueError, match="level_tokens must be >= 0"):
+        plan_prefix_split(ids, att, level_tokens=-1)
+
+
+@pytest.mark.parametrize("layout", ["grouped", "right_padded_pairs", "nested_pairs"])
 def test_hidden_states_and_gradients_match_the_whole_row_pass(tiny_model_and_tokenizer, layout):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).double()
     V = model.config.vocab_size
     if layout == "grouped":
         ids, att, _ = _grouped_rows(V)
+    elif layout == "nested_pairs":  # pairs of unequal prompts and responses: three levels
+        ids, att = _nested_pairs(V, prompts=(30, 12, 41), responses=(9, 4))
+        assert len(plan_prefix_split(ids, att).levels) >= 1
     else:  # a pair's chosen and rejected rows: the same prompt from column 0, right padding
         gen = torch.Generator().manual_seed(3)
         prompt = torch.randint(0, V, (25,), generator=gen)
