@@ -191,8 +191,15 @@ class StudentTrainerCore:
         return batch, info
 
     def _refresh_pairs(self, step: int) -> None:
-        """On refresh steps, re-sample the student side of recorded pairs from the current weights (``engine.refresh``)."""
-        self._set_live_pairs(self.pair_refresher.maybe_refresh(step, self.model, self.tokenizer))
+        """On refresh steps, re-sample the student side of the recorded pairs that the next
+        ``rollout.pair_refresh_every`` steps draw, from the current weights (``engine.refresh``)."""
+        r, every = self.config.rollout, self.pair_refresher.every
+        if every == 0 or step == 0 or step % every:
+            return
+        upcoming = {i for t in range(step, step + every)
+                    for i in pair_indices_for_step(self.data, t, rank=self.rank, pairs_per_step=r.pairs_per_step,
+                                                   seed=self.config.seed)}
+        self._set_live_pairs(self.pair_refresher.maybe_refresh(step, self.model, self.tokenizer, upcoming=upcoming))
 
     def _set_live_pairs(self, live: list[Any] | None) -> None:
         """Tokenize refreshed pairs once (``None``: nothing changed); dropped pairs are never drawn."""

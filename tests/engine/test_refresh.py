@@ -14,7 +14,7 @@ from composer_replication.engine import (
     StudentConfig,
     StudentTrainerCore,
 )
-from composer_replication.engine.data import build_training_data
+from composer_replication.engine.data import build_training_data, pair_indices_for_step
 from composer_replication.engine.refresh import PairRefresher, refresh_pairs
 from composer_replication.types import PreferencePair
 
@@ -87,6 +87,26 @@ def test_refresh_drops_pairs_the_student_now_agrees_with(tiny_model_and_tokenize
     assert out[0].rejected == first[0].rejected and out[1] is POOL[1]
 
 
+def test_refresh_only_the_given_indices(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    out = refresh_pairs(model, tok, POOL, seed=5, step=4, max_new_tokens=6, temperature=1.0, indices=[2, 1])
+    assert out[0] is POOL[0] and out[1] is POOL[1]  # not asked for / not a student sample
+    assert out[2] is None or out[2].metadata["student_sample"]["step"] == 4
+    assert refresh_pairs(model, tok, POOL, seed=5, step=4, max_new_tokens=6, temperature=1.0, indices=[]) == POOL
+    with pytest.raises(ValueError, match=r"indices must be in \[0, 3\)"):
+        refresh_pairs(model, tok, POOL, seed=5, step=4, max_new_tokens=6, temperature=1.0, indices=[3])
+
+
+def test_refresher_resamples_the_upcoming_pairs_and_keeps_the_others(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    r = PairRefresher(POOL, every=2, seed=1, rank=0, max_new_tokens=6, temperature=1.0)
+    live = r.maybe_refresh(2, model, tok, upcoming={0})
+    assert live[0].metadata["student_sample"]["step"] == 2 and live[2] is POOL[2]
+    live = r.maybe_refresh(4, model, tok, upcoming=[2])
+    assert live[0].metadata["student_sample"]["step"] == 2  # kept from the last window that drew it
+    assert live[2].metadata["student_sample"]["step"] == 4 and live[1] is POOL[1]
+
+
 def test_refresher_schedule_metrics_and_state(tiny_model_and_tokenizer):
     model, tok = tiny_model_and_tokenizer
     r = PairRefresher(POOL, every=2, seed=1, rank=0, max_new_tokens=6, temperature=1.0)
@@ -139,7 +159,9 @@ def test_trainer_refreshes_through_its_hook_and_resumes_exactly():
     assert m0["replay/rejected_age"] == 0.0 and m2["replay/rejected_age"] == 0.0
     refreshed = list(core.tokenized_pairs)
     assert refreshed[1] == initial[1]  # the frontier pair keeps its tokens
-    assert all(refreshed[i] is None or refreshed[i].rejected != initial[i].rejected for i in (0, 2))
+    window = {i for t in (2, 3) for i in pair_indices_for_step(data, t, pairs_per_step=2, seed=3)}
+    for i in (0, 2):  # re-sampled when steps 2-3 draw it, else untouched
+        assert (refreshed[i] is None or refreshed[i].rejected != initial[i].rejected) == (i in window)
     resumed = StudentTrainerCore(
         _config(2), data=build_training_data("next_action", states=STATES, pairs=POOL)
     )
