@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -54,9 +54,11 @@ __all__ = [
     "teacher_batch",
     "left_padded_prompts",
     "length_order",
+    "generate_in_length_order",
     "Generated",
     "generate_responses",
     "shared_prefix_cache",
+    "static_cache",
     "cut_at_end_of_turn",
 ]
 
@@ -346,6 +348,36 @@ def generate_responses(
         model.train(was_training)
     responses, truncated = cut_at_end_of_turn(out[:, gen_ids.shape[1]:].tolist(), eot)
     return Generated(ids, mask, rendered, responses, truncated)
+
+
+def generate_in_length_order(
+    model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Sequence[dict[str, Any]]], *, max_new_tokens: int,
+    batch_size: int, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+    batch_seed: Callable[[int], int] = lambda k: 0,
+) -> list[list[int]]:
+    """:func:`generate_responses` over many prompts, ``batch_size`` at a time in :func:`length_order`.
+
+    Batches of similar lengths carry little padding (evaluation, student sampling). Batch ``k`` samples
+    under ``batch_seed(k)``, so the result is a function of the weights, the prompts, the seeds and
+    ``batch_size``.
+
+    Returns:
+        Each prompt's response ids (cut after the first end-of-turn, kept), in the order of ``prompts``.
+
+    Raises:
+        ValueError: ``batch_size`` below 1.
+    """
+    if batch_size < 1:
+        raise ValueError(f"'batch_size' must be >= 1, got {batch_size}")
+    order = length_order(prompts)
+    out: list[list[int]] = [[] for _ in prompts]
+    for k, start in enumerate(range(0, len(order), batch_size)):
+        chunk = order[start:start + batch_size]
+        gen = generate_responses(model, tokenizer, [prompts[i] for i in chunk], max_new_tokens=max_new_tokens,
+                                 do_sample=do_sample, temperature=temperature, top_p=top_p, seed=batch_seed(k))
+        for i, response in zip(chunk, gen.responses):
+            out[i] = response
+    return out
 
 
 def static_cache(model: torch.nn.Module, prefilled: Any, *, max_cache_len: int) -> Any:

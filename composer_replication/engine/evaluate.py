@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from composer_replication.actions import parse_action
-from composer_replication.batching import generate_responses, length_order
+from composer_replication.batching import generate_in_length_order
 from composer_replication.chat_format import end_of_turn_id
 
 __all__ = ["greedy_texts", "reward_stats", "next_action_stats"]
@@ -33,24 +33,17 @@ def greedy_texts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Any],
                  batch_size: int = 64) -> list[str]:
     """Greedy-decoded response text for each prompt (``rollout.Prompt`` or message list), cut at end-of-turn.
 
-    Prompts are decoded ``batch_size`` at a time, grouped by length (less left padding), through
-    :func:`composer_replication.batching.generate_responses` (the one generate helper); the texts come
-    back in the order of ``prompts``.
+    Prompts are decoded ``batch_size`` at a time, grouped by length (less padding), through
+    :func:`composer_replication.batching.generate_in_length_order` (the one generate helper); the texts
+    come back in the order of ``prompts``.
     """
     from composer_replication.rollout import Prompt
 
-    if batch_size < 1:
-        raise ValueError(f"'batch_size' must be >= 1, got {batch_size}")
     messages = [p.messages if isinstance(p, Prompt) else p for p in prompts]
-    order = length_order(messages)
     eot = end_of_turn_id(tokenizer)
-    texts: list[str] = [""] * len(messages)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        gen = generate_responses(model, tokenizer, [messages[i] for i in chunk], max_new_tokens=max_new_tokens)
-        for i, r in zip(chunk, gen.responses):
-            texts[i] = tokenizer.decode(r[:-1] if r and r[-1] == eot else r, skip_special_tokens=True)
-    return texts
+    responses = generate_in_length_order(model, tokenizer, messages, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size)
+    return [tokenizer.decode(r[:-1] if r and r[-1] == eot else r, skip_special_tokens=True) for r in responses]
 
 
 def next_action_stats(prompts: Sequence[Any], texts: Sequence[str], scores: Sequence[Any],

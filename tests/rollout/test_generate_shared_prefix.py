@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from composer_replication.batching import (
+    generate_in_length_order,
     generate_responses,
     left_padded_prompts,
     length_order,
@@ -143,3 +144,17 @@ def test_length_order():
     prompts = [[{"role": "user", "content": "x" * n}] for n in (5, 1, 9, 1)]
     assert length_order(prompts) == [1, 3, 0, 2]
     assert length_order([]) == []
+
+
+def test_generate_in_length_order_answers_each_prompt_in_prompt_order(model64):
+    model, tok = model64
+    prompts = _prompts(5)
+    got = generate_in_length_order(model, tok, prompts, max_new_tokens=6, batch_size=2)
+    alone = [generate_responses(model, tok, [p], max_new_tokens=6).responses[0] for p in prompts]
+    assert got == alone
+    seeds = []
+    generate_in_length_order(model, tok, prompts, max_new_tokens=2, batch_size=2, do_sample=True,
+                             batch_seed=lambda k: seeds.append(k) or k)
+    assert seeds == [0, 1, 2]  # one seed per batch of 2
+    with pytest.raises(ValueError, match="'batch_size' must be >= 1"):
+        generate_in_length_order(model, tok, prompts, max_new_tokens=2, batch_size=0)
