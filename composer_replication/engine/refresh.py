@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from composer_replication.actions import canonical_action
@@ -133,6 +133,11 @@ class PairRefresher:
         every: ``rollout.pair_refresh_every`` (0: never).
         seed / rank: combined with the step into each refresh's sampling seed.
         max_new_tokens / temperature / top_p: the student's rollout settings.
+        draw: the pool indices a step trains on (``engine.data.pair_indices_for_step``); each refresh then
+            re-samples only the pairs that the next ``every`` steps draw: every pair trained on is still at
+            most ``every - 1`` steps old, at the cost of the pairs actually used (about half the pool at the
+            default preset's 4 pairs a step from 48 over 8 steps), and the others keep their last sample
+            until a window draws them. ``None``: every refresh re-samples the whole pool.
     """
 
     def __init__(
@@ -145,6 +150,7 @@ class PairRefresher:
         max_new_tokens: int,
         temperature: float,
         top_p: float = 1.0,
+        draw: Callable[[int], Collection[int]] | None = None,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"'rollout.pair_refresh_every' must be an integer >= 0, got {every!r}")
@@ -152,30 +158,19 @@ class PairRefresher:
         self.every = every if any(is_student_sample(p) for p in self.pool) else 0
         self.seed, self.rank = seed, rank
         self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        self.draw = draw
         self.live: list[PreferencePair | None] = list(self.pool)
         self.at = 0
 
-    def maybe_refresh(
-        self, step: int, model: Any, tokenizer: Any, *, upcoming: Collection[int] | None = None
-    ) -> list[PreferencePair | None] | None:
-        """Refresh when ``step`` is a refresh step not yet refreshed: the new live pairs, else ``None``.
-
-        Args:
-            upcoming: the pool indices that steps ``step .. step + every - 1`` draw (default: the whole pool).
-                Only those are re-sampled: every pair trained on is still at most ``every - 1`` steps old,
-                at the cost of the pairs actually used (about half the pool at the default preset's 4 pairs
-                a step from 48 over 8 steps). The others keep their last sample until a window draws them.
-        """
+    def maybe_refresh(self, step: int, model: Any, tokenizer: Any) -> list[PreferencePair | None] | None:
+        """Refresh when ``step`` is a refresh step not yet refreshed: the new live pairs, else ``None``."""
         if self.every == 0 or step == 0 or step % self.every or step == self.at:
             return None
         digest = hashlib.sha256(f"refresh:{self.seed}:{step}:{self.rank}".encode()).digest()
         seed = int.from_bytes(digest[:8], "little") & (2**63 - 1)
-        fresh = refresh_pairs(model, tokenizer, self.pool, seed=seed, step=step, indices=upcoming, **self.sampling)
-        if upcoming is None:
-            self.live = fresh
-        else:
-            wanted = set(upcoming)
-            self.live = [fresh[i] if i in wanted else live for i, live in enumerate(self.live)]
+        window = None if self.draw is None else {i for t in range(step, step + self.every) for i in self.draw(t)}
+        fresh = refresh_pairs(model, tokenizer, self.pool, seed=seed, step=step, indices=window, **self.sampling)
+        self.live = fresh if window is None else [fresh[i] if i in window else p for i, p in enumerate(self.live)]
         self.at = step
         return self.live
 

@@ -97,8 +97,11 @@ class StudentTrainerCore:
         self.tokenized_pairs = tokenize_pairs(self.tokenizer, data.pairs, max_seq_len=config.max_seq_len,
                                               over_length=config.over_length, stats=self.batching_stats)
         r = config.rollout  # the student side of recorded pairs is re-sampled every r.pair_refresh_every steps
-        self.pair_refresher = PairRefresher(data.pairs, every=r.pair_refresh_every, seed=config.seed, rank=rank,
-                                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
+        self.pair_refresher = PairRefresher(
+            data.pairs, every=r.pair_refresh_every, seed=config.seed, rank=rank, max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature, top_p=r.top_p,
+            draw=lambda t: pair_indices_for_step(data, t, rank=rank, pairs_per_step=r.pairs_per_step, seed=config.seed),
+        )
         self.model.train()
         o = config.optim
         self.optimizer = torch.optim.AdamW(
@@ -193,13 +196,7 @@ class StudentTrainerCore:
     def _refresh_pairs(self, step: int) -> None:
         """On refresh steps, re-sample the student side of the recorded pairs that the next
         ``rollout.pair_refresh_every`` steps draw, from the current weights (``engine.refresh``)."""
-        r, every = self.config.rollout, self.pair_refresher.every
-        if every == 0 or step == 0 or step % every:
-            return
-        upcoming = {i for t in range(step, step + every)
-                    for i in pair_indices_for_step(self.data, t, rank=self.rank, pairs_per_step=r.pairs_per_step,
-                                                   seed=self.config.seed)}
-        self._set_live_pairs(self.pair_refresher.maybe_refresh(step, self.model, self.tokenizer, upcoming=upcoming))
+        self._set_live_pairs(self.pair_refresher.maybe_refresh(step, self.model, self.tokenizer))
 
     def _set_live_pairs(self, live: list[Any] | None) -> None:
         """Tokenize refreshed pairs once (``None``: nothing changed); dropped pairs are never drawn."""

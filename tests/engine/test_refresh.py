@@ -99,10 +99,11 @@ def test_refresh_only_the_given_indices(tiny_model_and_tokenizer):
 
 def test_refresher_resamples_the_upcoming_pairs_and_keeps_the_others(tiny_model_and_tokenizer):
     model, tok = tiny_model_and_tokenizer
-    r = PairRefresher(POOL, every=2, seed=1, rank=0, max_new_tokens=6, temperature=1.0)
-    live = r.maybe_refresh(2, model, tok, upcoming={0})
+    draws = {2: [0], 3: [0], 4: [2], 5: []}  # the pool indices each step trains on
+    r = PairRefresher(POOL, every=2, seed=1, rank=0, max_new_tokens=6, temperature=1.0, draw=draws.__getitem__)
+    live = r.maybe_refresh(2, model, tok)  # window: steps 2-3 draw pair 0
     assert live[0].metadata["student_sample"]["step"] == 2 and live[2] is POOL[2]
-    live = r.maybe_refresh(4, model, tok, upcoming=[2])
+    live = r.maybe_refresh(4, model, tok)  # window: steps 4-5 draw pair 2
     assert live[0].metadata["student_sample"]["step"] == 2  # kept from the last window that drew it
     assert live[2].metadata["student_sample"]["step"] == 4 and live[1] is POOL[1]
 
