@@ -39,7 +39,13 @@ from composer_replication.losses.chunked import (
     _LogProbHead,
     _need,
 )
-from composer_replication.losses.prefix import plan_prefix_split, shared_prefix_hidden_states
+from composer_replication.losses.prefix import (
+    can_pack,
+    pack_rows,
+    packed_hidden_states,
+    plan_prefix_split,
+    shared_prefix_hidden_states,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -78,11 +84,14 @@ def hidden_states(
         attention_mask: ``[B, T]`` 1 on real tokens (default all ones). Either padding side works:
             ``position_ids = clamp(cumsum(mask) - 1, min=0)``.
         share_prefix: decode a prefix that several rows share once (:mod:`.prefix`: a GRPO group's prompt, a
-            pair's prompt), when that saves at least a fifth of the decoder's tokens. ``False``: one
-            whole-row pass (bit-for-bit what other trainers compute).
+            pair's prompt), when that saves at least a fifth of the decoder's tokens: the rows packed into
+            their prefix tree (one row, no padding; SDPA or eager attention, up to ``PACK_MAX_TOKENS``
+            tokens), else prefix levels over a KV cache. ``False``: one whole-row pass (bit-for-bit what
+            other trainers compute).
 
     Returns:
-        ``[B, T, H]`` hidden states (the model's dtype), differentiable when grad is enabled.
+        ``[B, T, H]`` hidden states (the model's dtype), differentiable when grad is enabled. With
+        ``share_prefix`` the states of padding columns may be zeros (no loss reads them).
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, T]; got shape {tuple(input_ids.shape)}")
@@ -94,6 +103,9 @@ def hidden_states(
         )
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    packed = pack_rows(input_ids, attention_mask) if share_prefix and can_pack(decoder) else None
+    if packed is not None:
+        return packed_hidden_states(decoder, packed)
     plan = plan_prefix_split(input_ids, attention_mask) if share_prefix else None
     if plan is not None:
         return shared_prefix_hidden_states(decoder, input_ids, attention_mask, position_ids, plan)

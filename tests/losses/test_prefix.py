@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from composer_replication.losses import LossConfig, compose_loss
+from composer_replication.losses import prefix as prefix_module
 from composer_replication.losses.logprobs import hidden_states
-from composer_replication.losses.prefix import plan_prefix_split
+from composer_replication.losses.prefix import (
+    decode_prefixes,
+    pack_rows,
+    packed_hidden_states,
+    plan_prefix_split,
+    shared_prefix_hidden_states,
+)
 
 
 def _grouped_rows(vocab: int, *, prompts=(30, 22), g=3, response=(9, 6, 4), seed=0):
@@ -121,35 +128,185 @@ def test_plan_cuts_nested_prefixes_into_levels():
         plan_prefix_split(ids, att, level_tokens=-1)
 
 
-@pytest.mark.parametrize("layout", ["grouped", "right_padded_pairs", "nested_pairs"])
-def test_hidden_states_and_gradients_match_the_whole_row_pass(tiny_model_and_tokenizer, layout):
-    model = copy.deepcopy(tiny_model_and_tokenizer[0]).double()
-    V = model.config.vocab_size
-    if layout == "grouped":
-        ids, att, _ = _grouped_rows(V)
-    elif layout == "nested_pairs":  # pairs of unequal prompts and responses: three levels
+def _ragged_pairs(vocab: int, seed=4):
+    """Right-padded pairs whose lengths differ widely: one long pair, three short ones (the default run's shape),
+    so the short rows end before the long pair's prompt does."""
+    return _nested_pairs(vocab, common=12, prompts=(60, 8, 10, 9), responses=(14, 5), seed=seed)
+
+
+def _left_padded_group(vocab: int, seed=6):
+    """Rows with the same real prompt behind different amounts of left padding (columns do not line up)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (15,), generator=gen)
+    ids, att = torch.zeros(3, 26, dtype=torch.long), torch.zeros(3, 26, dtype=torch.long)
+    for row, (pad, resp) in enumerate([(0, 11), (3, 8), (6, 5)]):
+        ids[row, pad:pad + 15 + resp] = torch.cat([prompt, torch.randint(0, vocab, (resp,), generator=gen)])
+        att[row, pad:pad + 15 + resp] = 1
+    return ids, att
+
+
+def _layout(name: str, V: int):
+    if name == "grouped":
+        return _grouped_rows(V)[:2]
+    if name == "nested_pairs":  # pairs of unequal prompts and responses: three levels
         ids, att = _nested_pairs(V, prompts=(30, 12, 41), responses=(9, 4))
         assert len(plan_prefix_split(ids, att).levels) >= 1
-    else:  # a pair's chosen and rejected rows: the same prompt from column 0, right padding
-        gen = torch.Generator().manual_seed(3)
-        prompt = torch.randint(0, V, (25,), generator=gen)
-        ids = torch.zeros(2, 34, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        ids[0, :34] = torch.cat([prompt, torch.randint(0, V, (9,), generator=gen)])
-        ids[1, :29] = torch.cat([prompt, torch.randint(0, V, (4,), generator=gen)])
-        att[0, :34], att[1, :29] = 1, 1
-    assert plan_prefix_split(ids, att) is not None
+        return ids, att
+    if name == "ragged_pairs":
+        return _ragged_pairs(V)
+    if name == "left_padded":
+        return _left_padded_group(V)
+    # a pair's chosen and rejected rows: the same prompt from column 0, right padding
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, V, (25,), generator=gen)
+    ids = torch.zeros(2, 34, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    ids[0, :34] = torch.cat([prompt, torch.randint(0, V, (9,), generator=gen)])
+    ids[1, :29] = torch.cat([prompt, torch.randint(0, V, (4,), generator=gen)])
+    att[0, :34], att[1, :29] = 1, 1
+    return ids, att
+
+
+# the levels pass reads the model's own 2D mask, so one attention implementation covers it
+@pytest.mark.parametrize(("path", "attention"), [("packed", "sdpa"), ("packed", "eager"), ("levels", "sdpa")])
+@pytest.mark.parametrize("layout", ["grouped", "right_padded_pairs", "nested_pairs", "ragged_pairs", "left_padded"])
+def test_hidden_states_and_gradients_match_the_whole_row_pass(tiny_model_and_tokenizer, layout, path, attention):
+    model = copy.deepcopy(tiny_model_and_tokenizer[0]).double()
+    ids, att = _layout(layout, model.config.vocab_size)
+    decoder = model.get_decoder()
+    position_ids = (att.cumsum(-1) - 1).clamp(min=0)
+    if path == "packed":
+        packed = pack_rows(ids, att)
+        assert packed is not None and packed.tokens < int(att.sum())  # shared tokens once, no padding
+    else:
+        plan = plan_prefix_split(ids, att)
+        if plan is None:  # the columns do not line up (left padding): only packing shares these rows
+            assert layout == "left_padded"
+            return
     weights = torch.randn(*ids.shape, model.config.hidden_size, dtype=torch.float64) * att[..., None]
     results = []
     for share in (False, True):
         model.zero_grad()
-        h = hidden_states(model, ids, att, share_prefix=share)
+        # the reference is SDPA's whole-row pass (eager's turns the fully masked rows of left padding into NaN)
+        model.config._attn_implementation = attention if share else "sdpa"
+        if not share:
+            h = hidden_states(model, ids, att, share_prefix=False)
+        elif path == "packed":
+            h = packed_hidden_states(decoder, packed)
+        else:
+            h = shared_prefix_hidden_states(decoder, ids, att, position_ids, plan)
         (h * weights).sum().backward()
         results.append((h.detach(), [p.grad.clone() for p in model.parameters()]))
     (h0, g0), (h1, g1) = results
     m = att.bool()
     torch.testing.assert_close(h1[m], h0[m], rtol=1e-6, atol=1e-6)
+    if path == "packed":
+        assert not h1[~m].any()  # padding: zeros, never decoded
     _assert_grads_close(g1, g0)
+
+
+def test_pack_rows_holds_each_distinct_token_once():
+    ids, att = _nested_pairs(50, common=20, prompts=(30, 12), responses=(10, 4))
+    packed = pack_rows(ids, att)
+    assert packed.tokens == 20 + (30 + 10 + 4) + (12 + 10 + 4)  # system prompt once, each pair's prompt once
+    assert packed.whole_tokens == ids.numel()
+    for row in range(ids.shape[0]):
+        real = att[row].bool()
+        path = packed.index[row, real]
+        assert packed.input_ids[0, path].tolist() == ids[row, real].tolist()  # the row's tokens, in order
+        assert packed.position_ids[0, path].tolist() == list(range(int(real.sum())))
+        # each token reads exactly the tokens before it in its own row
+        assert packed.attention[path[:, None], path[None, :]].equal(torch.ones(len(path), len(path)).tril().bool())
+        assert int(packed.attention[path].sum()) == len(path) * (len(path) + 1) // 2
+    assert (packed.index[~att.bool()] == packed.tokens).all()  # padding reads the zero row
+
+
+def test_pack_rows_shares_a_prompt_behind_different_padding():
+    ids, att = _left_padded_group(50)
+    assert plan_prefix_split(ids, att) is None  # no column is the same token in every row
+    assert pack_rows(ids, att).tokens == 15 + 11 + 8 + 5
+
+
+def test_pack_rows_declines_and_names_bad_input():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 1000, (4, 20), generator=gen)
+    assert pack_rows(ids, torch.ones_like(ids)) is None  # nothing in common, no padding
+    assert pack_rows(ids[:1], torch.ones_like(ids[:1])) is None  # one row
+    same = torch.arange(40).repeat(3, 1)
+    assert pack_rows(same, torch.ones_like(same)).tokens == 40  # identical rows: one copy
+    assert pack_rows(same, torch.ones_like(same), max_tokens=39) is None  # over the packed row's budget
+    with pytest.raises(ValueError, match=r"min_saving must be in \[0, 1\)"):
+        pack_rows(same, torch.ones_like(same), min_saving=-0.1)
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        pack_rows(same, torch.ones_like(same), max_tokens=0)
+    with pytest.raises(ValueError, match="attention_mask .* must match input_ids"):
+        pack_rows(same, torch.ones(3, 39, dtype=torch.long))
+
+
+def test_plan_counts_only_the_columns_each_pass_decodes():
+    """A long outlier pair no longer pads the short rows: the short rows end before the split and are
+    not decoded after it; each level stops at its prefixes' last real token."""
+    ids, att = _ragged_pairs(50)
+    plan = plan_prefix_split(ids, att)
+    B, T = ids.shape
+    assert plan.row_ends.tolist() == att.sum(-1).tolist()
+    tokens, start = 0, 0
+    for level in plan.all_levels():
+        running = level.ends[level.ends > start]
+        tokens += len(running) * (int(running.max()) - start) if len(running) else 0
+        start = level.split
+    after = plan.row_ends[plan.row_ends > plan.split]
+    tokens += len(after) * (int(after.max()) - plan.split)
+    assert plan.tokens == tokens
+    assert len(after) == 2  # only the long pair runs past the split
+    splits = [0] + [lv.split for lv in plan.all_levels()]
+    rectangular = sum(len(lv.unique_rows) * (lv.split - a) for lv, a in zip(plan.all_levels(), splits)) \
+        + B * (T - plan.split)
+    assert plan.tokens < rectangular
+
+
+def test_decode_prefixes_refuses_a_cache_for_a_row_that_ends_early(tiny_model_and_tokenizer):
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    ids, att = _ragged_pairs(model.config.vocab_size)
+    stub = torch.zeros_like(ids[:1])
+    stub[0, :5] = ids[0, :5]  # a row that ends inside the system prompt, before the last level's columns
+    ids, att = torch.cat([ids, stub]), torch.cat([att, (torch.arange(ids.shape[1]) < 5).long()[None]])
+    plan = plan_prefix_split(ids, att)
+    assert plan.levels and plan.row_ends[-1] == 5 < plan.levels[-1].split
+    position_ids = (att.cumsum(-1) - 1).clamp(min=0)
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="cache is not whole"):
+            decode_prefixes(decoder, ids, att, position_ids, plan, rows=torch.tensor([ids.shape[0] - 1]))
+        head, cache = decode_prefixes(decoder, ids, att, position_ids, plan, rows=torch.tensor([0, 1]))
+    assert head.shape[:2] == (ids.shape[0], plan.split) and cache.get_seq_length() == plan.split
+
+
+def test_hidden_states_packs_only_for_attention_that_reads_a_custom_mask(tiny_model_and_tokenizer, monkeypatch):
+    from types import SimpleNamespace
+
+    import composer_replication.losses.logprobs as logprobs_module
+
+    def decoder(impl):
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl))
+
+    assert prefix_module.can_pack(decoder("sdpa")) and prefix_module.can_pack(decoder("eager"))
+    assert not prefix_module.can_pack(decoder("flash_attention_2"))  # varlen kernels take no custom mask
+    assert not prefix_module.can_pack(SimpleNamespace())
+    model = copy.deepcopy(tiny_model_and_tokenizer[0]).double()
+    ids, att = _nested_pairs(model.config.vocab_size)
+    packed_calls = []
+    real_packed = logprobs_module.packed_hidden_states
+    monkeypatch.setattr(logprobs_module, "packed_hidden_states", lambda *a: packed_calls.append(1) or real_packed(*a))
+    with torch.no_grad():
+        whole = hidden_states(model, ids, att, share_prefix=False)
+        hidden_states(model, ids, att)
+        assert packed_calls == [1]
+        monkeypatch.setattr(logprobs_module, "can_pack", lambda d: False)
+        levels = hidden_states(model, ids, att)  # the prefix levels instead
+    assert packed_calls == [1]
+    m = att.bool()
+    torch.testing.assert_close(levels[m], whole[m], rtol=1e-6, atol=1e-6)
 
 
 def _assert_grads_close(got, want):
