@@ -223,12 +223,13 @@ def decode_prefixes(
         decoder: the causal LM's decoder (``model.get_decoder()``), which accepts ``past_key_values``.
         input_ids / attention_mask / position_ids: ``[B, T]`` (the whole-row pass's inputs).
         plan: from :func:`plan_prefix_split` on the same ``input_ids`` and ``attention_mask``.
-        rows: ``[R]`` long, the rows whose KV cache to return (default: all ``B``); each must run to the
-            split (a real token in column ``s - 1`` or later), so that its cache is whole.
+        rows: ``[R]`` long, the rows whose KV cache to return (default: all ``B``); each must have a real
+            token in the last level's columns, so that its prefix was decoded there and its cache is whole.
 
     Returns:
-        The hidden states ``[B, s, H]`` of the columns ``[0, s)`` (zeros after a row's last real token) and
-        the KV cache of those columns indexed out to ``rows`` (``[R, heads, s, d]`` per layer).
+        The hidden states ``[B, s, H]`` of the columns ``[0, s)`` (zeros where no level decodes a row) and
+        the KV cache of those columns indexed out to ``rows`` (``[R, heads, s, d]`` per layer; ``None`` when
+        ``rows`` is empty).
 
     Raises:
         ValueError: the decoder returned no KV cache that can be indexed by row, or one of ``rows`` ends
