@@ -181,3 +181,69 @@ def test_reference_cache_scores_each_distinct_sequence_once_whatever_its_batch(t
     fresh.fill(again)
     for side in ("chosen", "rejected"):
         assert torch.equal(again[f"dpo_{side}_ref_logprobs"][0], both[f"dpo_{side}_ref_logprobs"][1])
+
+
+def _decoder_tokens(ref):
+    """A list that collects the number of tokens of every decoder call, and the hook's handle."""
+    seen: list[int] = []
+    handle = ref.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(int(kw["input_ids"].shape[1])), with_kwargs=True)
+    return seen, handle
+
+
+def test_reference_cache_decodes_a_prompt_once_for_every_response_to_it(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    ref = copy.deepcopy(model).eval()
+    cache = ReferenceLogprobCache(ref, chunk_size=16)
+    first, _ = build_replay_batch(tok, [DICT_PAIR])
+    seen, handle = _decoder_tokens(ref)
+    cache.fill(first)
+    prompt_len = int(first["dpo_chosen_response_mask"][0].nonzero()[0])
+    assert cache.num_prompts == 1 and seen[0] == prompt_len  # chosen and rejected share one prompt pass
+    seen.clear()
+    resampled = {**DICT_PAIR, "rejected": "no " * 7}  # a refreshed rejected side: same prompt, new response
+    later, _ = build_replay_batch(tok, [resampled])
+    cache.fill(later)
+    handle.remove()
+    rest = int(later["dpo_rejected_attention_mask"].sum()) - prompt_len
+    assert seen == [rest]  # only the new response's tokens went through the decoder
+    expected = dict(later)
+    add_reference_logprobs(expected, ref, chunk_size=16)
+    torch.testing.assert_close(later["dpo_rejected_ref_logprobs"], expected["dpo_rejected_ref_logprobs"],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_reference_cache_values_do_not_depend_on_the_prompt_budget(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    ref = copy.deepcopy(model).eval()
+    other_state = [STATE[0], {"role": "user", "content": "Show b.py and run the tests"}]
+    pairs = [DICT_PAIR, {**DICT_PAIR, "state_id": "s2", "state_messages": other_state}]
+    kept = ReferenceLogprobCache(ref, chunk_size=16)
+    none = ReferenceLogprobCache(ref, chunk_size=16, prompt_cache_bytes=0)
+    one = ReferenceLogprobCache(ref, chunk_size=16, prompt_cache_bytes=1)
+    batches = []
+    for cache in (kept, none, one):
+        batch, _ = build_replay_batch(tok, pairs)
+        cache.fill(batch)
+        batches.append(batch)
+    assert (kept.num_prompts, none.num_prompts, one.num_prompts) == (2, 0, 0)
+    for side in ("chosen", "rejected"):  # bit-identical: keeping a prompt's cache changes no number
+        assert torch.equal(batches[0][f"dpo_{side}_ref_logprobs"], batches[1][f"dpo_{side}_ref_logprobs"])
+        assert torch.equal(batches[0][f"dpo_{side}_ref_logprobs"], batches[2][f"dpo_{side}_ref_logprobs"])
+
+    one_prompt = kept._prompts[next(iter(kept._prompts))].nbytes
+    lru = ReferenceLogprobCache(ref, chunk_size=16, prompt_cache_bytes=one_prompt)
+    batch, _ = build_replay_batch(tok, pairs)
+    lru.fill(batch)
+    assert lru.num_prompts == 1  # the least recently used prompt was dropped to stay within the budget
+
+
+def test_reference_cache_rejects_a_negative_budget_and_scores_an_empty_response_zero(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    ref = copy.deepcopy(model).eval()
+    with pytest.raises(ValueError, match="prompt_cache_bytes must be >= 0"):
+        ReferenceLogprobCache(ref, chunk_size=16, prompt_cache_bytes=-1)
+    batch, _ = build_replay_batch(tok, [DICT_PAIR])
+    batch["dpo_rejected_response_mask"] = torch.zeros_like(batch["dpo_rejected_response_mask"])
+    ReferenceLogprobCache(ref, chunk_size=16).fill(batch)
+    assert batch["dpo_rejected_ref_logprobs"].tolist() == [0.0]
