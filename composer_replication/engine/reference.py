@@ -141,7 +141,7 @@ class ReferenceLogprobCache:
         cache = out.past_key_values
         if cache is None or not hasattr(cache, "crop"):
             return None
-        last = out.last_hidden_state[:, -1:]
+        last = out.last_hidden_state[:, -1:].clone()  # [1, 1, H], not a view that keeps [1, P, H] alive
         state = _PromptState(cache, last, int(prompt.shape[0]), _cache_nbytes(cache, last))
         if state.nbytes <= self.prompt_cache_bytes:
             self._prompts[key] = state
