@@ -143,9 +143,10 @@ cores, torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts 
 | TRL `GRPOTrainer` | {statistics.median(theirs):.2f} | {trl_sps:.3f} |
 
 **Ratio: {ratio:.2f}x** TRL's samples per second (target >= 1.5x). Where the difference comes from: the
-engine decodes each prompt once per group in the loss pass (shared-prefix decoding, docs/losses.md) where TRL
-decodes it once per sample; both generate with `model.generate` (KV cache) and skip the old-log-prob pass
-(one optimizer step per generation batch).
+engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
+docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (KV cache;
+the engine prefills the group's prompt once into a static cache) and skip the old-log-prob pass (one
+optimizer step per generation batch).
 """)
     return 0
 
