@@ -431,6 +431,7 @@ def shared_prefix_cache(
         repeat``; the cache holds the first ``s < P`` columns), or ``None`` when sharing saves too little or
         the model has no row-indexable cache (then generate from the plain left-padded prompts).
     """
+    from composer_replication.losses.logprobs import decoder_of
     from composer_replication.losses.prefix import MIN_SAVING, decode_prefixes, plan_prefix_split
 
     if not rendered or any(len(r) == 0 for r in rendered):
@@ -455,7 +456,7 @@ def shared_prefix_cache(
         return None
     device = next(model.parameters()).device
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [N, P] generate's position ids (pads get any value)
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    decoder = decoder_of(model)
     try:
         _, cache = decode_prefixes(decoder, ids[:, :-1].to(device), mask[:, :-1].to(device),
                                    positions[:, :-1].to(device), plan)  # cache: [N, heads, s, d] per layer

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from composer_replication.losses import chunked_token_logprobs, decoder_of, output_head, sequence_logprobs_for
+
 __all__ = ["ReferenceLogprobCache", "DEFAULT_PROMPT_CACHE_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,8 @@ def _digest(*tensors: torch.Tensor) -> bytes:
 
 
 def _cache_nbytes(cache: Any, last_hidden: torch.Tensor) -> int:
-    layers = getattr(cache, "layers", None)
-    tensors = [t for layer in layers for t in (layer.keys, layer.values)] if layers else []
-    return sum(t.numel() * t.element_size() for t in tensors) + last_hidden.numel() * last_hidden.element_size()
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last_hidden]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class ReferenceLogprobCache:
@@ -78,6 +79,7 @@ class ReferenceLogprobCache:
         self._values: dict[bytes, torch.Tensor] = {}
         self._prompts: OrderedDict[bytes, _PromptState] = OrderedDict()
         self._prompt_bytes = 0
+        self._reusable = True  # False once the decoder has returned no croppable, per-layer KV cache
 
     def __len__(self) -> int:
         return len(self._values)
@@ -105,17 +107,15 @@ class ReferenceLogprobCache:
 
     def _score(self, ids: torch.Tensor, resp: torch.Tensor) -> torch.Tensor:
         """Summed log-probs of ``ids [T]`` at ``resp [T]`` (float32 scalar): prompt state, then the rest."""
-        from composer_replication.losses import chunked_token_logprobs, output_head, sequence_logprobs_for
-
         hits = resp.nonzero()
         if hits.numel() == 0:
             return torch.zeros((), dtype=torch.float32, device=ids.device)
         prompt_len = max(int(hits[0]), 1)  # position 0 is never scored, so a prompt has at least one token
-        prompt = self._prompt_state(ids[:prompt_len])
+        prompt = self._prompt_state(ids[:prompt_len]) if self._reusable else None
         if prompt is None:  # no reusable KV cache for this decoder: score the sequence whole
             return sequence_logprobs_for(self.reference, ids[None], resp[None], chunk_size=self.chunk_size)[0].float()
         rest = ids[prompt_len:]
-        decoder = self._decoder()
+        decoder = decoder_of(self.reference)
         position_ids = torch.arange(prompt_len, ids.shape[0], device=ids.device)[None]
         try:
             out = decoder(input_ids=rest[None], position_ids=position_ids, past_key_values=prompt.cache,
@@ -137,9 +137,10 @@ class ReferenceLogprobCache:
         if state is not None:
             self._prompts.move_to_end(key)
             return state
-        out = self._decoder()(input_ids=prompt[None], use_cache=True)
+        out = decoder_of(self.reference)(input_ids=prompt[None], use_cache=True)
         cache = out.past_key_values
-        if cache is None or not hasattr(cache, "crop"):
+        if cache is None or not (hasattr(cache, "crop") and hasattr(cache, "layers")):
+            self._reusable = False  # the same decoder never returns one: score every sequence whole from now on
             return None
         last = out.last_hidden_state[:, -1:].clone()  # [1, 1, H], not a view that keeps [1, P, H] alive
         state = _PromptState(cache, last, int(prompt.shape[0]), _cache_nbytes(cache, last))
@@ -150,7 +151,3 @@ class ReferenceLogprobCache:
                 _, dropped = self._prompts.popitem(last=False)
                 self._prompt_bytes -= dropped.nbytes
         return state
-
-    def _decoder(self) -> torch.nn.Module:
-        ref = self.reference
-        return ref.get_decoder() if hasattr(ref, "get_decoder") else ref.model

@@ -51,6 +51,7 @@ from composer_replication.losses.logprobs import (
     chunked_distillation_loss,
     chunked_row_logprobs,
     chunked_token_logprobs,
+    decoder_of,
     hidden_states,
     output_head,
     predicted_positions,
@@ -99,6 +100,7 @@ __all__ = [
     # kernels
     "DEFAULT_CHUNK_SIZE",
     "hidden_states",
+    "decoder_of",
     "output_head",
     "predicted_positions",
     "chunked_token_logprobs",

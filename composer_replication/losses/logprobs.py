@@ -50,6 +50,7 @@ from composer_replication.losses.prefix import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "hidden_states",
+    "decoder_of",
     "output_head",
     "predicted_positions",
     "chunked_token_logprobs",
@@ -102,7 +103,7 @@ def hidden_states(
             f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
         )
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder_of(model)
     packed = pack_rows(input_ids, attention_mask) if share_prefix and can_pack(decoder) else None
     if packed is not None:
         return packed_hidden_states(decoder, packed)
@@ -111,6 +112,14 @@ def hidden_states(
         return shared_prefix_hidden_states(decoder, input_ids, attention_mask, position_ids, plan)
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder of a causal LM (``model.get_decoder()``; else ``model.model``; else ``model`` itself): the
+    stack that maps ``input_ids [B, T]`` to final hidden states ``[B, T, H]``, without the ``lm_head``."""
+    if hasattr(model, "get_decoder"):
+        return model.get_decoder()
+    return getattr(model, "model", model)
 
 
 def output_head(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

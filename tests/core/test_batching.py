@@ -247,3 +247,46 @@ def test_reference_cache_rejects_a_negative_budget_and_scores_an_empty_response_
     batch["dpo_rejected_response_mask"] = torch.zeros_like(batch["dpo_rejected_response_mask"])
     ReferenceLogprobCache(ref, chunk_size=16).fill(batch)
     assert batch["dpo_rejected_ref_logprobs"].tolist() == [0.0]
+
+
+class _NoCacheDecoder(torch.nn.Module):
+    """A decoder that returns no KV cache (as some remote-code models do)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.inner = decoder
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.past_key_values = None
+        return out
+
+
+class _NoCacheLM(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.lm, self.decoder, self.config = model, _NoCacheDecoder(model.get_decoder()), model.config
+
+    def get_decoder(self):
+        return self.decoder
+
+    def get_output_embeddings(self):
+        return self.lm.get_output_embeddings()
+
+
+def test_reference_cache_scores_whole_sequences_when_the_decoder_keeps_no_kv_cache(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    ref = _NoCacheLM(copy.deepcopy(model).eval())
+    cache = ReferenceLogprobCache(ref, chunk_size=16)
+    batch, _ = build_replay_batch(tok, [DICT_PAIR, {**DICT_PAIR, "rejected": "no " * 7}])
+    seen: list[int] = []
+    ref.decoder.register_forward_pre_hook(lambda _m, _a, kw: seen.append(int(kw["input_ids"].shape[1])),
+                                          with_kwargs=True)
+    cache.fill(batch)
+    assert cache.num_prompts == 0 and len(cache) == 3
+    assert len(seen) == 1 + 3  # one prompt pass finds no cache; then each distinct sequence whole, no prompt pass
+    expected = dict(batch)
+    add_reference_logprobs(expected, ref.lm, chunk_size=16)
+    for side in ("chosen", "rejected"):
+        torch.testing.assert_close(batch[f"dpo_{side}_ref_logprobs"], expected[f"dpo_{side}_ref_logprobs"],
+                                   rtol=1e-4, atol=1e-4)

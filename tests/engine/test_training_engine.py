@@ -120,6 +120,7 @@ def test_two_steps_change_every_parameter(straight):
     assert not unchanged, f"parameters not updated by two steps: {unchanged}"
     core = straight["core"]
     assert all(not p.requires_grad for p in core.reference.parameters()) and not core.reference.training
+    assert core.optimizer.defaults["fused"] is True  # every parameter on the CPU: the fused AdamW kernel
     for n, p in core.reference.named_parameters():  # the reference stays at the initial weights
         assert torch.equal(p, straight["p0"][n]), n
 

@@ -15,6 +15,7 @@ from composer_replication.losses.logprobs import (
     chunked_distillation_loss,
     chunked_row_logprobs,
     chunked_token_logprobs,
+    decoder_of,
     hidden_states,
     output_head,
     predicted_positions,
@@ -174,6 +175,15 @@ def test_output_head_rejects_logit_post_processing():
     fake = types.SimpleNamespace(config=types.SimpleNamespace(final_logit_softcapping=30.0))
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         output_head(fake)
+
+
+def test_decoder_of_finds_the_decoder_of_each_model_shape(tiny_model_and_tokenizer):
+    model, _ = tiny_model_and_tokenizer
+    assert decoder_of(model) is model.get_decoder() is model.model  # a Hugging Face causal LM
+    bare = torch.nn.Module()
+    bare.model = model.model
+    assert decoder_of(bare) is model.model  # no get_decoder: its .model
+    assert decoder_of(model.model) is model.model  # already a decoder
 
 
 def test_fused_loss_supports_retain_graph():
