@@ -7,6 +7,7 @@ from composer_replication.losses.logprobs import (
     chunked_distillation_loss,
     chunked_row_logprobs,
     chunked_token_logprobs,
+    decoder_of,
     hidden_states,
     output_head,
     predicted_positions,
@@ -15,6 +16,7 @@ from composer_replication.losses.logprobs import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "hidden_states",
+    "decoder_of",
     "output_head",
     "predicted_positions",
     "chunked_token_logprobs",
