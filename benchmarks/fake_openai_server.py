@@ -55,7 +55,8 @@ class Fault:
 
 @dataclass
 class RecordedRequest:
-    """A request as the server saw it (``status``: what it answered; -1 for drop/hang)."""
+    """A request as the server saw it (``status``: what it answered; -1 for drop/hang; ``cost_usd``: what it
+    billed: the priced tokens of a completion, 0 for every error)."""
 
     path: str
     model: str | None
@@ -64,6 +65,7 @@ class RecordedRequest:
     time: float
     status: int = 0
     fault: str | None = None
+    cost_usd: float = 0.0
 
 
 def default_reply(body: dict[str, Any]) -> str:
@@ -140,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, b'{"choices": [ this is not json')
         if fault is not None and fault.kind == "error_in_200":
             return self._send(200, _err(fault.code or 502, fault.message))
-        self._send(200, json.dumps(self._completion(cfg, body, fault)).encode())
+        self._send(200, json.dumps(self._completion(cfg, body, fault, rec)).encode())
 
     @staticmethod
     def _take_fault(cfg: _Config, model: str | None) -> Fault | None:
@@ -153,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return f
         return None
 
-    def _completion(self, cfg: _Config, body: dict[str, Any], fault: Fault | None) -> dict[str, Any]:
+    def _completion(self, cfg: _Config, body: dict[str, Any], fault: Fault | None, rec: RecordedRequest) -> dict[str, Any]:
         out = cfg.reply(body)
         message = {"role": "assistant", "content": out} if isinstance(out, str) else out
         text = json.dumps(message.get("content")) + json.dumps(message.get("tool_calls") or "")
@@ -161,9 +163,11 @@ class _Handler(BaseHTTPRequestHandler):
         ct = min(len(text) // 4 + 1, int(body.get("max_tokens") or 10**9))
         usage: dict[str, Any] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
         model = str(body.get("model"))
-        if cfg.report_cost and model in cfg.prices:
+        if model in cfg.prices:
             p_in, p_out = cfg.prices[model]
-            usage["cost"] = (pt * p_in + ct * p_out) / 1e6
+            rec.cost_usd = (pt * p_in + ct * p_out) / 1e6
+            if cfg.report_cost:
+                usage["cost"] = rec.cost_usd
         choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "message": message}
         if fault is not None and fault.kind == "finish_error":
             choice["finish_reason"] = "error"
@@ -249,6 +253,11 @@ class FakeOpenAIServer:
         """A snapshot of the recorded requests."""
         with self.cfg.lock:
             return list(self.cfg.requests)
+
+    @property
+    def billed_usd(self) -> float:
+        """What the server billed so far (the sum of its completions' priced tokens)."""
+        return sum(r.cost_usd for r in self.requests)
 
     def count(self, *, model: str | None = None, status: int | None = None) -> int:
         """Requests seen (optionally for one model / answered with one status)."""

@@ -34,9 +34,10 @@ METRIC = "eval/agreement_partial"
 SHOWN = ("eval/agreement_partial", "eval/agreement", "eval/tool_choice_rate", "eval/well_formed_call_rate")
 
 
-def run_seed(preset: str, seed: int, folder: Path, overrides: list[str], *, reuse: bool = False) -> dict:
+def run_seed(preset: str, seed: int, folder: Path, overrides: list[str], *, reuse: bool = False,
+             metric: str = METRIC) -> dict:
     """One recipe run (or, with ``reuse``, the finished run already in ``folder``); returns its summary plus its
-    eval curve ``[(step, {metric: value})]``."""
+    eval curve ``[(step, {metric: value})]`` (the ``eval/*`` rows holding ``metric``)."""
     args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"student.seed={seed}",
             f"run.dir={folder}", "run.display=plain", "run.evaluate=true", *overrides]
     t0 = time.perf_counter()
@@ -47,14 +48,15 @@ def run_seed(preset: str, seed: int, folder: Path, overrides: list[str], *, reus
             raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     summary = json.loads((folder / "summary.json").read_text())
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    summary["curve"] = [(r["step"], r) for r in rows if METRIC in r]
+    summary["curve"] = [(r["step"], r) for r in rows if metric in r]
     summary["reward_curve"] = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
     summary["bench_wall_s"] = summary.get("wall_time_s", 0.0) if reuse else time.perf_counter() - t0
     return summary
 
 
-def draw(results: list[dict], path: Path) -> None:
-    """Held-out agreement per evaluation and training reward per step, one line per seed (Agg, no pyplot state)."""
+def draw(results: list[dict], path: Path, metric: str = METRIC, title: str = "held-out agreement (partial credit)"
+         ) -> None:
+    """Held-out ``metric`` per evaluation and training reward per step, one line per seed (Agg, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -63,9 +65,9 @@ def draw(results: list[dict], path: Path) -> None:
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for seed, res in enumerate(results):
         steps = [s for s, _ in res["curve"]]
-        left.plot(steps, [r[METRIC] for _, r in res["curve"]], marker="o", label=f"seed {seed}")
+        left.plot(steps, [r[metric] for _, r in res["curve"]], marker="o", label=f"seed {seed}")
         right.plot(*zip(*res["reward_curve"]), label=f"seed {seed}", alpha=0.8)
-    left.set(title="held-out agreement (partial credit)", xlabel="step", ylabel=METRIC)
+    left.set(title=title, xlabel="step", ylabel=metric)
     right.set(title="training reward (rollouts)", xlabel="step", ylabel="reward/mean")
     for ax in (left, right):
         ax.grid(alpha=0.3)

@@ -4,7 +4,7 @@
     python -m benchmarks.step_profile --steps 6 student.rollout.prompts_per_step=1
 
 Part 1 runs the preset (``python -m recipes.monarch.run``, evaluation off) and takes the median of every
-``perf/<phase>_s`` metric the engine writes per step (generation, old log-probs, scoring, hint rows and
+``perf/<phase>_s`` metric the engine writes per step (generation, scoring, hint rows and
 channel-1 tensors, reference log-probs, loss forward, loss backward, optimizer), after the first step.
 Part 2 rebuilds one step's batch in this process from the run's own states and ``pairs.jsonl`` and times
 the loss forward + backward of each channel alone (channel 1; channel 1 + 2 minus channel 1; channel 1 + 3
@@ -29,7 +29,7 @@ import torch
 from benchmarks.report import write_section
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("generate", "old_logprobs", "score", "assemble", "reference", "loss_forward", "loss_backward", "optimizer")
+PHASES = ("generate", "score", "assemble", "reference", "loss_forward", "loss_backward", "optimizer")
 
 
 def run_recipe(preset: str, steps: int, folder: Path, overrides: list[str]) -> list[dict]:
@@ -46,8 +46,8 @@ def channel_times(folder: Path, repeats: int = 2) -> list[tuple[str, float, int]
     """``(channel, seconds of forward + backward, tokens)`` for each channel alone, on step 0's batch."""
     import yaml
 
-    from composer_replication.engine import StudentTrainerCore, from_dict
-    from composer_replication.engine.data import build_training_data
+    from composer_replication.engine import StudentTrainerCore, build_training_data
+    from composer_replication.engine.config import from_dict
     from composer_replication.losses import compose_loss
     from composer_replication.teacher_replay import load_pairs
     from recipes.monarch.config import RecipeConfig

@@ -5,10 +5,16 @@ sessions' trace states), with the same ``num_generations``, ``max_new_tokens``, 
 (``dapo``), batch (``prompts x G`` samples per optimizer step), no KL term, and one optimizer step per
 generation batch; both score with the same next-action reward. Only channel 1 runs (channels 2 and 3
 are TRL extensions). The figure is samples per second (generated completions per wall-clock second of a
-whole step, generation included), after one warm-up step each.
+whole step, generation included), after one warm-up step each. The CPU seconds of this process per step
+(all threads) are given too: on a machine shared with other jobs they move far less than the wall clock.
 
     python -m benchmarks.step_throughput                      # SmolLM2, 2 prompts x 4, 32 tokens, 3 steps
     python -m benchmarks.step_throughput --model tiny --steps 2
+    python -m benchmarks.step_throughput --ablate             # + the engine without its shared-prefix speed-ups
+    python -m benchmarks.step_throughput --threads 1          # on a machine shared with other jobs
+
+``--ablate`` also times the engine with shared-prefix generation off (``rollout.generate.shared_prefix_cache``)
+and with the loss's shared-prefix decoding off (``LossConfig.share_prefix=False``), in the same run.
 
 Writes its section of docs/benchmarks.md (``--no-write`` to skip).
 """
@@ -40,8 +46,15 @@ def _states(n: int) -> list[dict[str, Any]]:
     return states[:n]
 
 
-def engine_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[float]:
-    """Seconds per ``StudentTrainerCore.train_step`` (channel 1 only)."""
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def engine_side(args: argparse.Namespace, states: list[dict[str, Any]], *, share_generate: bool = True,
+                share_loss: bool = True) -> list[tuple[float, float]]:
+    """``(wall, CPU)`` seconds per ``StudentTrainerCore.train_step`` (channel 1 only); ``share_*``: the
+    shared-prefix speed-ups."""
+    import composer_replication.rollout.generate as generate
     from composer_replication.engine import (
         LossConfig,
         OptimConfig,
@@ -53,21 +66,26 @@ def engine_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[
 
     cfg = StudentConfig(
         model=args.model, device="cpu", seed=0, num_steps=args.steps + 1, max_seq_len=1024,
-        optim=OptimConfig(lr=1e-6), loss=LossConfig(alpha_sdpo=0.0, beta_replay=0.0, loss_type="dapo", kl_beta=0.0),
+        optim=OptimConfig(lr=1e-6),
+        loss=LossConfig(alpha_sdpo=0.0, beta_replay=0.0, loss_type="dapo", kl_beta=0.0, share_prefix=share_loss),
         rollout=RolloutConfig(prompts_per_step=args.prompts, num_generations=args.generations,
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, pairs_per_step=0),
     )
     core = StudentTrainerCore(cfg, data=build_training_data("next_action", states=states))
-    times = []
-    for step in range(args.steps + 1):
-        t0 = time.perf_counter()
-        core.train_step(step)
-        times.append(time.perf_counter() - t0)
+    real, times = generate.shared_prefix_cache, []
+    generate.shared_prefix_cache = real if share_generate else (lambda *a, **k: None)
+    try:
+        for step in range(args.steps + 1):
+            t0 = _clock()
+            core.train_step(step)
+            times.append(tuple(b - a for a, b in zip(t0, _clock())))
+    finally:
+        generate.shared_prefix_cache = real
     return times[1:]
 
 
-def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[float]:
-    """Seconds per ``GRPOTrainer`` optimizer step (generation included), same settings."""
+def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """``(wall, CPU)`` seconds per ``GRPOTrainer`` optimizer step (generation included), same settings."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -85,13 +103,13 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[flo
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
-            self.marks: list[float] = []
+            self.marks: list[tuple[float, float]] = []
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.marks.append(time.perf_counter())
+            self.marks.append(_clock())
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.marks.append(time.perf_counter())
+            self.marks.append(_clock())
 
     model, tok = load_model_and_tokenizer(args.model, seed=0, dtype=torch.float32, device=torch.device("cpu"))
     clock = Clock()
@@ -106,7 +124,7 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[flo
         trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=trl_args,
                               train_dataset=Dataset.from_list(rows), callbacks=[clock])
         trainer.train()
-    spans = [b - a for a, b in zip(clock.marks[0::2], clock.marks[1::2])]
+    spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clock.marks[0::2], clock.marks[1::2])]
     return spans[1:]
 
 
@@ -118,35 +136,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     p.add_argument("--steps", type=int, default=3, help="timed steps per side (after one warm-up)")
+    p.add_argument("--ablate", action="store_true", help="also time the engine without its shared-prefix speed-ups")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: torch's default); 1 on a machine shared with other jobs, where threads "
+                        "that wait for each other's core make both sides' times meaningless")
     p.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     states = _states(max(8, args.prompts * 4))
     samples = args.prompts * args.generations
     ours = engine_side(args, states)
     theirs = trl_side(args, states)
-    ours_sps, trl_sps = samples / statistics.median(ours), samples / statistics.median(theirs)
-    ratio = ours_sps / trl_sps
-    print(f"engine: {ours_sps:.3f} samples/s (median {statistics.median(ours):.2f} s/step over {len(ours)} steps)")
-    print(f"TRL:    {trl_sps:.3f} samples/s (median {statistics.median(theirs):.2f} s/step over {len(theirs)} steps)")
-    print(f"ratio engine / TRL: {ratio:.2f}x (target >= 1.5x)")
+    ablations = {"engine, generation without shared prefix": engine_side(args, states, share_generate=False),
+                 "engine, loss without shared prefix": engine_side(args, states, share_loss=False)} if args.ablate else {}
+    sides = {"engine (`StudentTrainerCore.train_step`)": ours, "TRL `GRPOTrainer`": theirs, **ablations}
+    wall = {k: statistics.median(w for w, _ in v) for k, v in sides.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in sides.items()}
+    (e, t), ratio = list(sides)[:2], wall[list(sides)[1]] / wall[list(sides)[0]]
+    rows = "".join(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {samples / wall[k]:.3f} |\n" for k in sides)
+    for k in sides:
+        print(f"{k}: {samples / wall[k]:.3f} samples/s (median {wall[k]:.2f} s/step, {cpu[k]:.2f} CPU s/step)")
+    print(f"ratio engine / TRL: {ratio:.2f}x wall clock, {cpu[t] / cpu[e]:.2f}x CPU time (target >= 1.5x)")
     if not args.no_write:
         write_section("step_throughput", f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
 
 `python -m benchmarks.step_throughput` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU
 cores, torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x {args.generations} samples,
 {args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
-{args.steps} steps after one warm-up, generation included.
+{args.steps} steps after one warm-up, generation included; {torch.get_num_threads()} torch thread(s).
 
-| trainer | s / step | samples / s |
-|---|---|---|
-| engine (`StudentTrainerCore.train_step`) | {statistics.median(ours):.2f} | {ours_sps:.3f} |
-| TRL `GRPOTrainer` | {statistics.median(theirs):.2f} | {trl_sps:.3f} |
-
-**Ratio: {ratio:.2f}x** TRL's samples per second (target >= 1.5x). Where the difference comes from: the
+| trainer | s / step | CPU s / step | samples / s |
+|---|---|---|---|
+{rows}
+**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). Where the difference comes from: the
 engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
 docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (KV cache;
-the engine prefills the group's prompt once into a static cache) and skip the old-log-prob pass (one
-optimizer step per generation batch).
+the engine prefills the shared prompt tokens once into a static cache, `rollout.generate`) and skip the
+old-log-prob pass (one optimizer step per generation batch). The sides run one after the other: on a machine
+shared with other jobs (the load average below) the wall clock of each side depends on the load while it ran,
+and the CPU time is the fairer comparison.
 """)
     return 0
 

@@ -5,8 +5,11 @@ hinted error sites (SDPO), and DPO/SimPO on pairs where frontier teachers replay
 against it. This package is the core library (losses, ingestion, teacher replay, collator,
 rollouts, the single-process engine); ``meshes/`` and ``recipes/`` wire it on Monarch.
 
-The top-level names below are the spec's re-exports. They are resolved lazily (PEP 562), so
-``import composer_replication`` stays cheap and does not import TRL or torchft until asked.
+The top-level names below are the spec's re-exports and the five calls a newcomer makes first
+(``ingest_any``, ``build_training_data``, ``StudentConfig``, ``run_plain``, ``load_model_and_tokenizer``;
+docs/api.md, "Start here"); everything else is imported from its module. They are resolved lazily (PEP 562),
+so ``import composer_replication`` stays cheap and does not import TRL or torchft until asked. The list is an
+allowlist (tests/core/test_public_surface.py): adding a top-level name is a decision.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ _EXPORTS: dict[str, str] = {
     "replay_trace": "composer_replication.teacher_replay",
     "ComposerReplicationTrainer": "composer_replication.trainer",
     "make_diloco_outer_loop": "composer_replication.diloco",
+    # what a user calls first
+    "ingest_any": "composer_replication.ingestion",
+    "build_training_data": "composer_replication.engine",
+    "StudentConfig": "composer_replication.engine",
+    "run_plain": "composer_replication.engine",
+    "load_model_and_tokenizer": "composer_replication.models",
 }
 
 __all__ = ["__version__", "_DILOCO_AVAILABLE", *_EXPORTS]

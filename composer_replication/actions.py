@@ -8,7 +8,7 @@ action, a teacher's replayed action and a freshly sampled rollout can be compare
     Let me read it.
     [TOOL_USE] name=Read input={"file_path": "/repo/a.py"}
 
-- ``[THINKING] ... [/THINKING]`` blocks carry reasoning (kept in ``student_action``, stripped from
+- ``[THINKING] ... [/THINKING]`` blocks carry reasoning (kept in the recorded action, stripped from
   histories); the closing marker lets text that follows a thinking block be told apart from it.
 - ``[TOOL_USE] name=NAME input=JSON`` carries one tool call; ``JSON`` is the arguments object as
   written by :func:`format_tool_use` (or the raw argument text when it was not valid JSON).
@@ -22,18 +22,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = [
-    "ActionBlock",
-    "format_tool_use",
-    "format_thinking",
-    "render_action",
-    "parse_action",
-    "canonical_action",
-    "tool_calls_to_action",
-]
+__all__ = ["ActionBlock", "format_tool_use", "format_thinking", "render_action", "parse_action", "canonical_action",
+           "tool_calls_to_action"]
 
 TOOL_USE_PREFIX = "[TOOL_USE] name="
 THINKING_PREFIX = "[THINKING]"
@@ -44,19 +37,13 @@ _WS = re.compile(r"\s+")
 
 @dataclass
 class ActionBlock:
-    """One block of an action.
-
-    Attributes:
-        kind: ``"text"``, ``"thinking"`` or ``"tool_use"``.
-        text: the text (for ``text`` / ``thinking``); for ``tool_use`` the raw argument text.
-        name: the tool name (``tool_use`` only).
-        arguments: the parsed arguments (``tool_use`` only); ``None`` when they are not valid JSON.
-    """
+    """One block of an action: ``kind`` ``"text"`` / ``"thinking"`` / ``"tool_use"``; ``text`` (for a tool call,
+    the raw argument text); ``name`` and ``arguments`` (parsed; ``None`` when not valid JSON) for a tool call."""
 
     kind: Literal["text", "thinking", "tool_use"]
     text: str = ""
     name: str = ""
-    arguments: Any = field(default=None)
+    arguments: Any = None
 
     @property
     def arguments_valid(self) -> bool:
@@ -65,11 +52,8 @@ class ActionBlock:
 
 
 def format_tool_use(name: str, arguments: Any) -> str:
-    """Render one tool call as ``[TOOL_USE] name=NAME input=JSON``.
-
-    ``arguments`` may be a dict (dumped as compact JSON, keys in their given order) or a string
-    (an OpenAI-style JSON string, kept verbatim so invalid JSON survives as written).
-    """
+    """One tool call as ``[TOOL_USE] name=NAME input=JSON``: a dict is dumped (keys in their order); a string
+    (an OpenAI-style JSON string) is kept verbatim, so invalid JSON survives as written."""
     if isinstance(arguments, str):
         payload = arguments.strip() or "{}"
     else:
@@ -78,32 +62,24 @@ def format_tool_use(name: str, arguments: Any) -> str:
 
 
 def format_thinking(text: str) -> str:
-    """Render one thinking block as ``[THINKING] text [/THINKING]``."""
-    return f"{THINKING_PREFIX} {text.strip()} {THINKING_SUFFIX}" if text.strip() else f"{THINKING_PREFIX} {THINKING_SUFFIX}"
+    """One thinking block as ``[THINKING] text [/THINKING]``."""
+    return f"{THINKING_PREFIX} {text.strip() + ' ' if text.strip() else ''}{THINKING_SUFFIX}"
 
 
 def render_action(blocks: list[ActionBlock]) -> str:
     """Join blocks into the action text, one block per paragraph, in order."""
-    parts: list[str] = []
-    for b in blocks:
-        if b.kind == "tool_use":
-            parts.append(format_tool_use(b.name, b.arguments if b.arguments is not None else b.text))
-        elif b.kind == "thinking":
-            parts.append(format_thinking(b.text))
-        elif b.text.strip():
-            parts.append(b.text.strip())
-    return "\n".join(parts)
+    return "\n".join(
+        format_tool_use(b.name, b.arguments if b.arguments is not None else b.text) if b.kind == "tool_use"
+        else format_thinking(b.text) if b.kind == "thinking" else b.text.strip()
+        for b in blocks if b.kind != "text" or b.text.strip()
+    )  # fmt: skip
 
 
 def tool_calls_to_action(content: str | None, tool_calls: list[dict] | None) -> str:
     """Render an OpenAI-style assistant message (``content`` + ``tool_calls``) as action text."""
-    blocks: list[ActionBlock] = []
-    if content and content.strip():
-        blocks.append(ActionBlock("text", content))
-    for call in tool_calls or []:
-        fn = call.get("function", call)
-        blocks.append(ActionBlock("tool_use", text=str(fn.get("arguments", "")), name=str(fn.get("name", ""))))
-    return render_action(blocks)
+    calls = [c.get("function", c) for c in tool_calls or []]
+    return render_action([ActionBlock("text", content or ""), *(
+        ActionBlock("tool_use", text=str(fn.get("arguments", "")), name=str(fn.get("name", ""))) for fn in calls)])
 
 
 def _split_tool_payload(rest: str) -> tuple[str, str, str]:
@@ -120,12 +96,9 @@ def _split_tool_payload(rest: str) -> tuple[str, str, str]:
 
 
 def parse_action(text: str) -> list[ActionBlock]:
-    """Parse action text (as written by :func:`render_action`) back into blocks.
-
-    Tolerant: text before the first marker is a text block; a ``[TOOL_USE]`` whose payload is not
-    valid JSON keeps the raw payload in ``text`` and ``arguments=None``. Text that follows a tool
-    call's JSON object on later lines becomes a text block.
-    """
+    """Parse action text (:func:`render_action`'s form) back into blocks, tolerantly: text before the first
+    marker, or after a tool call's JSON value, is a text block; a ``[TOOL_USE]`` whose payload is not valid
+    JSON keeps it raw in ``text`` with ``arguments=None``."""
     blocks: list[ActionBlock] = []
     starts = [m.start() for m in _BLOCK_START.finditer(text)]
     if not starts or starts[0] > 0:
@@ -152,12 +125,9 @@ def parse_action(text: str) -> list[ActionBlock]:
 
 
 def canonical_action(text: str, *, include_thinking: bool = False) -> str:
-    """The form used to judge whether two actions agree.
-
-    Text is whitespace-normalized (runs of whitespace become one space, ends trimmed); tool calls
-    compare by name and canonical JSON arguments (sorted keys, compact separators), so key order
-    and spacing inside the JSON do not matter. Thinking is ignored unless ``include_thinking``.
-    """
+    """The form used to judge whether two actions agree: text whitespace-normalized, tool calls by name and
+    canonical JSON arguments (sorted keys, compact), so key order and spacing do not matter; thinking ignored
+    unless ``include_thinking``."""
     out: list[str] = []
     for b in parse_action(text):
         if b.kind == "thinking":

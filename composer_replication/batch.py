@@ -1,20 +1,13 @@
-"""A small real three-channel batch built from a tokenizer's chat template (for smoke tests and demos).
+"""The spec's demo batch: :func:`build_batch`, a small real three-channel batch from a tokenizer's chat template.
 
-:func:`build_batch` renders a coding task through the tokenizer's chat template and returns every key
-of the training batch contract (``docs/collator.md``) for the three channels of
-:func:`composer_replication.loss.compose_loss`:
-
-1. two student attempts (prompt + response, ``response_mask`` on the response tokens);
-2. for each attempt, the teacher sequence: the same history plus one hint message, followed by exactly
-   the student's response tokens (``sdpo_loss_mask`` on them);
-3. (chosen, rejected) pairs: a correct and a buggy solution of the same task.
-
-Randomness (which attempts, hints and pairs are drawn) comes from a local ``torch.Generator(seed)``.
+A coding task rendered through the chat template gives every key of the batch contract (``docs/collator.md``):
+two student attempts, each attempt's hinted teacher sequence (the same history plus one hint message, then exactly
+the student's response tokens), and (chosen, rejected) pairs of a correct and a buggy solution. The draws come
+from a local ``torch.Generator(seed)``.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -24,8 +17,6 @@ from composer_replication.chat_format import build_prompt_ids, build_response_id
 from composer_replication.losses import sequence_logprobs_for
 
 __all__ = ["VARIANTS", "build_batch"]
-
-log = logging.getLogger(__name__)
 
 _TASKS: dict[str, dict[str, Any]] = {
     "factorial": {
@@ -82,16 +73,13 @@ _SYSTEM = "You are a careful Python programmer. Answer with code only."
 
 
 def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int, length: int | None = None, left: bool = False):
-    """(prompt, response) pairs -> ``ids``, ``attention_mask``, ``response_mask`` ``[B, T]`` (``batching.pad_rows``).
-
-    With ``length`` shorter than a row, the row loses its first tokens (legacy ``align_sdpo_shapes``)."""
+    """(prompt, response) pairs -> ``ids``, ``attention_mask``, ``response_mask`` ``[B, T]``; a row longer than
+    ``length`` loses its first tokens (``align_sdpo_shapes``)."""
     T = length if length is not None else max(len(p) + len(r) for p, r in rows)
-    seqs = [(p + r)[-T:] for p, r in rows]
-    masks = [([0] * len(p) + [1] * len(r))[-T:] for p, r in rows]
+    seqs, masks = [(p + r)[-T:] for p, r in rows], [([0] * len(p) + [1] * len(r))[-T:] for p, r in rows]
     side = "left" if left else "right"
-    ids = pad_rows(seqs, pad_id, side=side, width=T)[0]
-    att = pad_rows([[1] * len(q) for q in seqs], 0, side=side, width=T)[0]
-    return ids, att, pad_rows(masks, 0, side=side, width=T)[0]
+    return tuple(pad_rows(x, fill, side=side, width=T)[0] for x, fill in
+                 ((seqs, pad_id), ([[1] * len(q) for q in seqs], 0), (masks, 0)))
 
 
 def build_batch(
@@ -103,34 +91,20 @@ def build_batch(
     align_sdpo_shapes: bool = False,
     ref_model: torch.nn.Module | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Build a real three-channel batch (B = 2 student rows, P = 2 pairs) from a chat tokenizer.
+    """The spec's demo batch (B = 2 student rows, P = 2 pairs) from a chat tokenizer (``apply_chat_template``).
 
     Args:
-        tokenizer: a Hugging Face tokenizer with a chat template (``apply_chat_template``, ``__call__``).
-        device: where the returned tensors live.
-        seed: seed of the local generator that draws the attempts, hints and pairs (no global seeding).
-        variant: the coding task, one of :data:`VARIANTS` (``"factorial"``, ``"binary_search"``).
-        align_sdpo_shapes: legacy switch for old consumers that compared the student and teacher
-            position by position: left-pads or left-truncates the teacher rows to the student length
-            ``T`` (the response tokens stay at the end). :func:`compose_loss` does not need it.
-        ref_model: frozen reference model; when given, ``dpo_*_ref_logprobs`` are its summed response
-            log-probs (computed under ``no_grad`` with :func:`~composer_replication.loss.sequence_logprobs_for`).
-            When ``None`` they are the spec harness's placeholder: zeros ``[P]``, which only exercise the
-            loss wiring; the training recipe always uses a real reference.
+        variant: the coding task, one of :data:`VARIANTS`. seed: the local generator's (no global seeding).
+        align_sdpo_shapes: legacy: left-pad / left-truncate the teacher rows to the student length ``T`` (the
+            response stays at the end) for consumers that compare position by position; ``compose_loss`` does not.
+        ref_model: frozen reference; ``dpo_*_ref_logprobs`` are its summed response log-probs (no grad). ``None``:
+            the spec harness's placeholder zeros ``[P]``, which only exercise the wiring.
 
     Returns:
         ``input_ids``, ``attention_mask``, ``response_mask`` ``[2, T]``; ``ctx_teacher_input_ids``,
-        ``ctx_teacher_attention_mask``, ``sdpo_loss_mask`` ``[2, Tt]``; ``dpo_{chosen,rejected}_input_ids``,
-        ``dpo_{chosen,rejected}_attention_mask``, ``dpo_{chosen,rejected}_response_mask`` ``[2, T*]``;
-        ``dpo_chosen_ref_logprobs``, ``dpo_rejected_ref_logprobs`` ``[2]``. Rows are right-padded with the
-        tokenizer's pad id (teacher rows are left-padded when ``align_sdpo_shapes``).
-
-    Raises:
-        ValueError: ``variant`` is unknown.
-
-    Example:
-        >>> batch = build_batch(tokenizer, variant="binary_search")
-        >>> compose_loss(model, batch).total.backward()
+        ``ctx_teacher_attention_mask``, ``sdpo_loss_mask`` ``[2, Tt]``; ``dpo_{chosen,rejected}_{input_ids,
+        attention_mask,response_mask}`` ``[2, T*]``; ``dpo_{chosen,rejected}_ref_logprobs`` ``[2]``; right-padded
+        with the tokenizer's pad id, on ``device``. ``ValueError`` for an unknown ``variant``.
     """
     if variant not in _TASKS:
         raise ValueError(f"variant must be one of {list(VARIANTS)}; got {variant!r}")
@@ -145,31 +119,20 @@ def build_batch(
     prompt = build_prompt_ids(tokenizer, history)
     responses = [build_response_ids(tokenizer, a) for a in attempts]
     student = _pad([(prompt, r) for r in responses], pad_id)
-    teacher_rows = [
-        (build_prompt_ids(tokenizer, history + [{"role": "user", "content": h}]), r) for h, r in zip(hints, responses)
-    ]
-    teacher = _pad(teacher_rows, pad_id, student[0].shape[1], left=True) if align_sdpo_shapes else _pad(teacher_rows, pad_id)
-    chosen = _pad([(prompt, build_response_ids(tokenizer, task["chosen"][i])) for i in pair_order], pad_id)
-    rejected = _pad([(prompt, build_response_ids(tokenizer, task["rejected"][i])) for i in pair_order], pad_id)
-
+    hinted = [(build_prompt_ids(tokenizer, [*history, {"role": "user", "content": h}]), r) for h, r in zip(hints, responses)]
     batch = {}
     for prefix, (ids, att, mask), mask_key in (
         ("", student, "response_mask"),
-        ("ctx_teacher_", teacher, "sdpo_loss_mask"),
-        ("dpo_chosen_", chosen, "dpo_chosen_response_mask"),
-        ("dpo_rejected_", rejected, "dpo_rejected_response_mask"),
+        ("ctx_teacher_", _pad(hinted, pad_id, student[0].shape[1] if align_sdpo_shapes else None, align_sdpo_shapes),
+         "sdpo_loss_mask"),
+        *((f"dpo_{side}_", _pad([(prompt, build_response_ids(tokenizer, task[side][i])) for i in pair_order], pad_id),
+           f"dpo_{side}_response_mask") for side in ("chosen", "rejected")),
     ):
-        batch.update({f"{prefix}input_ids": ids, f"{prefix}attention_mask": att, mask_key: mask})
-    batch = {k: v.to(device) for k, v in batch.items()}
-    P = len(pair_order)
-    if ref_model is None:
-        batch["dpo_chosen_ref_logprobs"] = torch.zeros(P, device=device)
-        batch["dpo_rejected_ref_logprobs"] = torch.zeros(P, device=device)
-    else:
+        batch.update({f"{prefix}input_ids": ids.to(device), f"{prefix}attention_mask": att.to(device),
+                      mask_key: mask.to(device)})
+    for side in ("chosen", "rejected"):
         with torch.no_grad():
-            for side in ("chosen", "rejected"):
-                batch[f"dpo_{side}_ref_logprobs"] = sequence_logprobs_for(
-                    ref_model, batch[f"dpo_{side}_input_ids"], batch[f"dpo_{side}_response_mask"],
-                    batch[f"dpo_{side}_attention_mask"],
-                ).float()
+            batch[f"dpo_{side}_ref_logprobs"] = torch.zeros(len(pair_order), device=device) if ref_model is None else (
+                sequence_logprobs_for(ref_model, batch[f"dpo_{side}_input_ids"], batch[f"dpo_{side}_response_mask"],
+                                      batch[f"dpo_{side}_attention_mask"]).float())
     return batch

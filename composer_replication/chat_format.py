@@ -16,21 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from composer_replication.actions import TOOL_USE_PREFIX, format_tool_use, tool_calls_to_action
+from composer_replication.actions import format_tool_use, tool_calls_to_action
 
-__all__ = [
-    "ROLES",
-    "TokenizerLike",
-    "content_text",
-    "messages_action",
-    "to_chat_messages",
-    "end_of_turn_id",
-    "encode_text",
-    "render_chat_text",
-    "build_prompt_ids",
-    "build_response_ids",
-    "build_hinted_teacher_sequence",
-]
+__all__ = ["ROLES", "TokenizerLike", "content_text", "messages_action", "to_chat_messages", "end_of_turn_id",
+           "encode_text", "render_chat_text", "build_prompt_ids", "build_response_ids", "build_hinted_teacher_sequence"]
 
 ROLES = ("system", "user", "assistant", "tool")
 """The roles a turn or message may have."""
@@ -48,10 +37,8 @@ class TokenizerLike(Protocol):
 
 
 def content_text(content: Any) -> str:
-    """A message's ``content`` as text: the string itself, or the text parts of a list joined by newlines.
-
-    The one content flattening of the project (string parts and ``{"text": ...}`` parts are kept;
-    images and other non-text parts are dropped; ``None`` is ``""``).
+    """A message's ``content`` as text (the one content flattening of the project): the string itself, or the
+    string and ``{"text": ...}`` parts of a list joined by newlines (other parts dropped); ``None`` is ``""``.
 
     Raises:
         ValueError: ``content`` is neither ``None``, a string nor a list of parts.
@@ -69,12 +56,9 @@ def content_text(content: Any) -> str:
 
 
 def messages_action(messages: str | Sequence[Mapping[str, Any]] | None) -> str:
-    """The action text of assistant messages (``composer_replication.actions`` form).
-
-    Each assistant message's content and ``tool_calls`` become one action
-    (:func:`~composer_replication.actions.tool_calls_to_action`); several messages are joined by a
-    blank line; other roles are skipped. A string is returned unchanged.
-    """
+    """The action text of assistant messages (``composer_replication.actions`` form): each one's content and
+    ``tool_calls`` (:func:`~composer_replication.actions.tool_calls_to_action`), joined by a blank line; other
+    roles skipped; a string returned unchanged."""
     if isinstance(messages, str):
         return messages
     parts = [
@@ -88,23 +72,16 @@ def messages_action(messages: str | Sequence[Mapping[str, Any]] | None) -> str:
 
 def _tool_call_text(call: Any) -> str:
     """One tool call (TraceTurn / OpenAI / Anthropic shape) as ``[TOOL_USE] name=... input=...``."""
-    fn = (
-        call.get("function")
-        if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping)
-        else call
-    )
+    fn = call.get("function") if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping) else call
     if not isinstance(fn, Mapping) or not fn.get("name"):
         raise ValueError(f"tool call must be a dict with a 'name' (or 'function': {{'name'}}), got {call!r}")
-    args = fn.get("arguments", fn.get("input", {}))
-    return format_tool_use(str(fn["name"]), args)
+    return format_tool_use(str(fn["name"]), fn.get("arguments", fn.get("input", {})))
 
 
 def to_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """Normalize turns or OpenAI-style messages to ``{"role", "content"}`` for the chat template.
-
-    Assistant ``tool_calls`` (a list) and ``tool_call`` (one) become action-text lines appended to
-    the content (skipped when the content already has a ``[TOOL_USE]`` line for that tool name);
-    content parts are joined; other keys are dropped. Idempotent on its own output.
+    """Normalize turns or OpenAI-style messages to ``{"role", "content"}`` for the chat template: assistant
+    ``tool_calls`` (a list) and ``tool_call`` (one) become action-text lines appended to the content (unless it
+    already has a ``[TOOL_USE]`` line for that tool); other keys are dropped. Idempotent on its own output.
 
     Raises:
         ValueError: a message is not a dict, has a role outside :data:`ROLES`, or a malformed tool call.
@@ -115,20 +92,14 @@ def to_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, st
             raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
         role = m.get("role")
         if role not in ROLES:
-            raise ValueError(
-                f"message {i} has role {role!r}; expected one of {ROLES} (map other roles, e.g. "
-                "'developer' -> 'system', before collating)"
-            )
+            raise ValueError(f"message {i} has role {role!r}; expected one of {ROLES} (map other roles, e.g. "
+                             "'developer' -> 'system', before collating)")  # fmt: skip
         content = content_text(m.get("content"))
         if role == "assistant":
             calls = list(m.get("tool_calls") or []) + ([m["tool_call"]] if m.get("tool_call") else [])
-            lines = [content] if content.strip() else []
-            for call in calls:
-                line = _tool_call_text(call)
-                name = line[len(TOOL_USE_PREFIX) :].split(" input=", 1)[0]
-                if f"{TOOL_USE_PREFIX}{name} " not in content:
-                    lines.append(line)
-            content = "\n".join(lines)
+            lines = [_tool_call_text(call) for call in calls]
+            lines = [line for line in lines if line.split(" input=", 1)[0] + " " not in content]
+            content = "\n".join(([content] if content.strip() else []) + lines)
         out.append({"role": role, "content": content})
     return out
 
@@ -172,21 +143,15 @@ def end_of_turn_id(tokenizer: TokenizerLike) -> int:
 
 
 def build_prompt_ids(tokenizer: TokenizerLike, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """``apply_chat_template(messages, add_generation_prompt=True)`` as token ids.
-
-    ``messages`` are normalized first (:func:`to_chat_messages`: tool calls -> action text).
-    """
+    """``apply_chat_template(to_chat_messages(messages), add_generation_prompt=True)`` as token ids."""
     chat = to_chat_messages(messages)
-    out = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return _as_ids(out)
+    return _as_ids(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 def build_response_ids(tokenizer: TokenizerLike, text: str) -> list[int]:
-    """The response ``text``'s tokens (no special tokens added) followed by the end-of-turn token.
-
-    ``build_prompt_ids(tok, msgs) + build_response_ids(tok, text)`` equals the chat template of
-    ``msgs + [{"role": "assistant", "content": text}]`` up to the template's trailing newline.
-    """
+    """The response ``text``'s tokens (no special tokens added) and the end-of-turn token:
+    ``build_prompt_ids(tok, msgs) + build_response_ids(tok, text)`` is the chat template of
+    ``msgs + [{"role": "assistant", "content": text}]`` up to its trailing newline."""
     if not isinstance(text, str):
         raise ValueError(f"response text must be a string, got {type(text).__name__}")
     return encode_text(tokenizer, text) + [end_of_turn_id(tokenizer)]

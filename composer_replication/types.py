@@ -19,13 +19,14 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-__all__ = ["ERROR_KINDS", "TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair", "ErrorSite"]
+__all__ = ["ERROR_KINDS", "TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair", "HintContext",
+           "ROLLOUT_REJECTED", "recorded_action", "trace_state"]
 
 ERROR_KINDS: tuple[str, ...] = (
     "tool_not_found", "json_decode", "type_error", "runtime_error", "repeated_failure", "other",
 )  # fmt: skip
 """The error kinds of a failed tool call: what the ingesters and environments emit and the hint generator
-knows (one definition; ``hint_generator``, ``rollout`` and ``ingestion.errors`` re-export it)."""
+knows (one definition; ``hint_generator`` and ``rollout`` re-export it)."""
 
 
 class TeacherSpec(TypedDict):
@@ -47,15 +48,21 @@ class TeacherSpec(TypedDict):
     max_concurrency: NotRequired[int]
 
 
-class ErrorSite(TypedDict, total=False):
-    """Context of a failed tool call, for the hint generator (``hint_generator.HintContext``)."""
+class HintContext(TypedDict, total=False):
+    """An error site: the context of one failed tool call, as the hint templates read it (all keys optional).
 
-    error_kind: str
-    error_message: str
-    available_tools: list[str]
-    tool_name: str
+    The spec's ``hint_generator.HintContext`` (this class); the ingesters store one per failing turn in
+    ``TraceState["error_meta"]`` and the rollout environments in ``Score.error_meta``.
+    ``tool_schema`` is the tool's schema: a JSON schema, an OpenAI ``{"name", "parameters"}`` function
+    (bare or under ``"function"``), or an Anthropic ``{"name", "input_schema"}``.
+    """
+
+    error_kind: str  # one of ERROR_KINDS (or a registered custom kind)
+    error_message: str  # the error text the tool or the parser returned
+    available_tools: list[str]  # the tools the session offers
+    tool_name: str  # the tool the failing call named
     tool_schema: dict
-    intent: str
+    intent: str  # what the agent was trying to do
 
 
 class TraceState(TypedDict):
@@ -70,7 +77,7 @@ class TraceState(TypedDict):
     Optional (set by the ingesters):
         tools: names of the tools the session offered (or used), for rewards and hints.
         error_kind / error_meta: set when this turn's tool results carried an error; ``error_meta``
-            is an :class:`ErrorSite` for ``hint_generator.dispatch``.
+            is its :class:`HintContext` for ``hint_generator.dispatch``.
         source: the format the state came from (``claude_code``, ``codex``, ``openai``, ``swe_agent``).
     """
 
@@ -79,8 +86,29 @@ class TraceState(TypedDict):
     student_action: str
     tools: NotRequired[list[str]]
     error_kind: NotRequired[str]
-    error_meta: NotRequired[ErrorSite]
+    error_meta: NotRequired[HintContext]
     source: NotRequired[str]
+
+
+def recorded_action(state: Mapping[str, Any]) -> str | None:
+    """The action the session recorded at ``state``: the frontier agent's, never the student's.
+
+    The spec names this field ``TraceState["student_action"]``; this function and :func:`trace_state` are the
+    only code that spells that key. ``None`` when the state has no recorded action (a string).
+    """
+    action = state.get("student_action")
+    return action if isinstance(action, str) else None
+
+
+def trace_state(state_id: str, messages: list[dict[str, Any]], recorded: str, **optional: Any) -> TraceState:
+    """A :class:`TraceState` whose recorded action is ``recorded`` (stored under the spec's ``student_action``).
+
+    ``optional`` holds the optional keys (``tools``, ``error_kind``, ``error_meta``, ``source``); ``None`` values
+    are left out.
+    """
+    state: dict[str, Any] = {"state_id": state_id, "messages": messages, "student_action": recorded}
+    state.update({k: v for k, v in optional.items() if v is not None})
+    return state  # type: ignore[return-value]
 
 
 class TeacherCallResult(TypedDict):
@@ -95,6 +123,11 @@ class TeacherCallResult(TypedDict):
     cost_usd: float
     error: str | None
 
+
+ROLLOUT_REJECTED = "rollout"
+"""``metadata["rejected_source"]`` of a pair whose rejected side is not stored: each training step draws it from
+its own rollouts at the pair's state (the ``recorded`` teacher; same policy, zero staleness). Such a pair is
+written with ``rejected_messages == []``."""
 
 _PAIR_TEXT_KEYS = ("chosen", "rejected")
 _PAIR_FIELDS = ("state_id", "state_messages", "chosen_messages", "rejected_messages", "n_teachers_agreeing",
@@ -146,6 +179,11 @@ class PreferencePair(Mapping[str, Any]):
         if isinstance(self.n_teachers_agreeing, bool) or int(self.n_teachers_agreeing) < 1:
             raise ValueError(f"pair {self.state_id!r}: n_teachers_agreeing must be >= 1, got {self.n_teachers_agreeing!r}")
         self.n_teachers_agreeing = int(self.n_teachers_agreeing)
+
+    @property
+    def rejected_from_rollout(self) -> bool:
+        """True when the rejected side comes from the training step's own rollouts (:data:`ROLLOUT_REJECTED`)."""
+        return self.metadata.get("rejected_source") == ROLLOUT_REJECTED
 
     # ------------------------------------------------------------------ the spec's text fields
     @property

@@ -12,13 +12,15 @@ torch when their first actor is set up (5-10 s each), so keep the meshes for the
 DiLoCo replicas get one proc mesh each (a dead replica never breaks a whole-mesh call): a
 :class:`ReplicaHosts` spawns replica ``i``'s proc mesh on this host or on its worker, and moves a slot whose
 worker stopped answering to a spare worker (which must be at a new address: a worker restarted at the same
-address is never answered again by the same client, ``../shared/notes/monarch.md`` §10).
+address is never answered again by the same client, ``../shared/notes/monarch.md`` §10), or, with no spare left,
+to a fresh worker its ``relaunch`` starts on the lost worker's node (a SLURM job, :mod:`meshes.launch`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,13 +96,19 @@ class ReplicaHosts:
         env: extra environment variables for local procs.
         workers: attached worker addresses (replica ``i`` on ``workers[i % len(workers)]``); empty = this host.
         spares: spare worker addresses, attached only when a slot's worker is lost.
+        relaunch: ``relaunch(lost address) -> new address | None``: a fresh worker on the lost one's node, tried
+            when no spare is left.
+        nodes: ``{address: node name}`` of the workers (named in the events).
     """
 
     def __init__(self, *, env: dict[str, str] | None = None, workers: list[str] | None = None,
-                 spares: list[str] | None = None) -> None:
+                 spares: list[str] | None = None, relaunch: Callable[[str], str | None] | None = None,
+                 nodes: dict[str, str] | None = None) -> None:
         self.env = dict(env or {})
         self.workers = list(workers or [])
         self.spares = list(spares or [])
+        self.relaunch = relaunch
+        self.nodes = dict(nodes or {})
         self.slot_worker: dict[int, str] = {}
         self.hosts: dict[str, Any] = {}
         """Attached host meshes by worker address (shared with :class:`RoleMeshes`)."""
@@ -142,12 +150,18 @@ class ReplicaHosts:
                                                     workers=[address])
         return self.hosts[address]
 
+    def describe(self, address: str) -> str:
+        """``address``, with its node's name when known (``tcp://h:1 (node n2)``)."""
+        return f"{address} (node {self.nodes[address]})" if address in self.nodes else address
+
     def replace_worker(self, index: int) -> str | None:
-        """Move slot ``index`` to the next spare worker; its address, or ``None`` when no spare is left."""
+        """Move slot ``index`` to the next spare worker, else to a relaunched one; its address, or ``None``."""
         lost = self.where(index)
-        if not self.spares:
+        new = self.spares.pop(0) if self.spares else self.relaunch(lost) if self.relaunch else None
+        if new is None:
             return None
-        new = self.spares.pop(0)
+        if lost in self.nodes and not self.nodes.get(new):
+            self.nodes[new] = self.nodes[lost]
         for slot, address in list(self.slot_worker.items()):
             if address == lost:  # every slot on the lost worker moves
                 self.slot_worker[slot] = new
@@ -182,13 +196,14 @@ def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None, di
 
 
 def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teacher_worker: int = 0,
-                  reducer_worker: int = 0) -> RoleMeshes:
+                  reducer_worker: int = 0, relaunch: Callable[[str], str | None] | None = None,
+                  nodes: dict[str, str] | None = None) -> RoleMeshes:
     """Build the role meshes on Monarch workers (``python -m recipes.monarch.worker --address tcp://HOST:PORT``).
 
     Call it before any other Monarch call of the process: it enables the TCP transport
     (``tcp://127.0.0.1:0`` when every worker is on loopback). The teacher and the reducer get a 1-proc
     mesh on ``workers[teacher_worker]`` / ``workers[reducer_worker]``; DiLoCo replica ``i`` gets its own
-    proc mesh on ``workers[i % len(workers)]`` (through ``replica_hosts``).
+    proc mesh on ``workers[i % len(workers)]`` (through ``replica_hosts``; ``relaunch`` and ``nodes`` go to it).
 
     Raises:
         ValueError: no workers, a worker index out of range, or an address that is not ``tcp://HOST:PORT``.
@@ -205,7 +220,7 @@ def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teache
             raise ValueError(f"'mesh.{key}' must index 'mesh.workers' (0..{len(workers) - 1}), got {idx}")
     loopback = all(is_loopback(a) for a in [*workers, *(spares or [])])
     enable_transport("tcp://127.0.0.1:0" if loopback else "tcp")
-    hosts = ReplicaHosts(workers=workers, spares=spares)
+    hosts = ReplicaHosts(workers=workers, spares=spares, relaunch=relaunch, nodes=nodes)
     teacher = hosts.host(workers[teacher_worker]).spawn_procs(per_host={"procs": 1})
     reducer = hosts.host(workers[reducer_worker]).spawn_procs(per_host={"procs": 1})
     meshes = RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)

@@ -48,13 +48,17 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
     """Per-key mean of metric dicts over replicas, ignoring NaN values; counts and throughputs are summed.
 
     Summed: ``*/num_*`` counts, ``rollout/errors/*``, ``replay/truncated``, ``replay/skipped/*``,
-    ``perf/tokens`` and ``perf/tokens_per_s`` (the replicas run in parallel). A key missing or NaN on every
-    replica gives NaN.
+    ``perf/tokens`` and ``perf/tokens_per_s`` (the replicas run in parallel), ``hints/*``, ``rollout/end/*``. A key
+    missing or NaN on every replica gives NaN. ``episodes`` (agentic episode records) are concatenated, in replica
+    order.
     """
     keys: list[str] = []
     for rep in replicas:
         keys.extend(k for k in rep if k not in keys)
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    if "episodes" in keys:
+        keys.remove("episodes")
+        out["episodes"] = [e for rep in replicas for e in rep.get("episodes", [])]
     for key in keys:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
         if not vals:
@@ -69,7 +73,7 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
 def _is_summed(key: str) -> bool:
     """Counts and throughputs add up across replicas; everything else is averaged."""
     leaf = key.rsplit("/", 1)[-1]
-    return (leaf.startswith("num_") or key.startswith(("rollout/errors/", "replay/skipped/"))
+    return (leaf.startswith("num_") or key.startswith(("rollout/errors/", "replay/skipped/", "hints/", "rollout/end/"))
             or key in ("replay/truncated", "perf/tokens", "perf/tokens_per_s"))
 
 

@@ -316,13 +316,16 @@ class ReplicaSet:
                     rank=i,
                     kind="timeout",
                     what=f"train_step({step})",
-                    detail=f"worker {where} stopped answering (no reply within {self.call_timeout_s} s);"
+                    detail=f"worker {self.hosts.describe(where)} stopped answering (no reply within "
+                    f"{self.call_timeout_s} s);"
                     f" 'diloco.on_host_loss' is stop",
                 )
             if policy == "shrink":
                 self.dropped.add(i)
-                self.on_event(f"replica {i}: worker {where} lost; going on with {len(self.live)} replica(s)")
+                self.on_event(f"replica {i}: worker {self.hosts.describe(where)} lost; going on with "
+                              f"{len(self.live)} replica(s)")
                 return
+            spare = self.hosts.spares[:1]
             new = self.hosts.replace_worker(i)
             if new is None:
                 raise ActorFailure(
@@ -330,10 +333,12 @@ class ReplicaSet:
                     rank=i,
                     kind="timeout",
                     what=f"train_step({step})",
-                    detail=f"worker {where} stopped answering and no spare worker is left "
-                    "('mesh.spare_workers'); add spares or set diloco.on_host_loss: shrink",
+                    detail=f"worker {self.hosts.describe(where)} stopped answering and no spare worker is left "
+                    "('mesh.spare_workers', or its node to restart it on); add spares or set "
+                    "diloco.on_host_loss: shrink",
                 )
-            self.on_event(f"replica {i}: worker {where} lost; moving it to spare worker {new}")
+            self.on_event(f"replica {i}: worker {self.hosts.describe(where)} lost; moving it to "
+                          f"{'spare worker' if spare == [new] else 'a new worker'} {self.hosts.describe(new)}")
         self.restarts[i] += 1
         if self.restarts[i] > self.cfg.max_restarts:
             raise ActorFailure(

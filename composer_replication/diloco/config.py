@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from composer_replication.losses.config import check_ranges, shown
+
 __all__ = ["DilocoConfig"]
+
+_RANGES = {  # beyond these a value is a typo, refused before anything is spawned
+    "replicas": "[1, 1024]", "sync_every": "[1, 1e6]", "fragments": "[1, 1024]", "fragment_sync_delay": "[0, 1e6]",
+    "fragment_update_alpha": "[0, 1]", "outer_lr": "[1e-9, 100]", "outer_momentum": "[0, 1)",
+    "min_replicas": "[1, 1024]", "quorum_timeout_s": "[0.1, 86400]", "heartbeat_timeout_ms": "[100, 86400000]",
+    "pg_timeout_s": "[0.1, 86400]", "max_restarts": "[0, 1000]", "max_nonfinite_rounds": "[0, 1000]",
+}
 
 
 @dataclass(kw_only=True)
@@ -43,55 +52,34 @@ class DilocoConfig:
     """Timeout of one gloo allreduce between replicas (bounds a hang on a dead peer)."""
     max_restarts: int = 2
     """Restarts allowed per replica (a death, an error, a lost host); one more stops the run with exit 1."""
+    max_nonfinite_rounds: int = 2
+    """Consecutive syncs a replica may send a non-finite pseudo-gradient (each is left out of the mean); one more
+    raises ``NonFiniteReplicaError``, and the replica is restarted from the survivors' state."""
     on_host_loss: Literal["replace", "shrink", "stop"] = "replace"
     """A worker (host) that stops answering: ``replace`` the replica on a spare worker (``mesh.spare_workers``, a
     new address each), ``shrink`` (go on with fewer replicas), or ``stop`` (exit 1 naming the host)."""
 
     def __post_init__(self) -> None:
-        for key in ("replicas", "sync_every", "fragments", "min_replicas"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"'diloco.{key}' must be >= 1, got {getattr(self, key)!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"'diloco.max_restarts' must be >= 0, got {self.max_restarts!r}")
-        if self.min_replicas > self.replicas:
-            raise ValueError(
-                f"'diloco.min_replicas' ({self.min_replicas}) cannot exceed 'diloco.replicas' ({self.replicas}); "
-                "lower min_replicas or add replicas"
-            )
-        if self.sync_every % self.fragments:
-            raise ValueError(
-                f"'diloco.sync_every' ({self.sync_every}) must be a multiple of 'diloco.fragments' "
-                f"({self.fragments}): one fragment syncs every sync_every/fragments steps"
-            )
-        if not 0 <= self.fragment_sync_delay < self.sync_every // self.fragments:
-            raise ValueError(
-                f"'diloco.fragment_sync_delay' must be in [0, sync_every/fragments = "
-                f"{self.sync_every // self.fragments}), got {self.fragment_sync_delay!r}; lower it or raise sync_every"
-            )
-        if not 0.0 <= self.fragment_update_alpha <= 1.0:
-            raise ValueError(
-                f"'diloco.fragment_update_alpha' must be in [0, 1], got {self.fragment_update_alpha!r}"
-            )
-        if not self.outer_lr > 0:
-            raise ValueError(f"'diloco.outer_lr' must be > 0 (DiLoCo uses 0.7), got {self.outer_lr!r}")
-        if not 0.0 <= self.outer_momentum < 1.0:
-            raise ValueError(f"'diloco.outer_momentum' must be in [0, 1), got {self.outer_momentum!r}")
-        if self.nesterov and self.outer_momentum == 0.0:
-            raise ValueError(
-                "'diloco.nesterov' needs 'diloco.outer_momentum' > 0; set nesterov: false or momentum 0.9"
-            )
-        for key in ("quorum_timeout_s", "pg_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"'diloco.{key}' must be > 0 seconds, got {getattr(self, key)!r}")
-        if self.heartbeat_timeout_ms < 100:
-            raise ValueError(
-                f"'diloco.heartbeat_timeout_ms' must be >= 100, got {self.heartbeat_timeout_ms!r}"
-            )
-        if self.heartbeat_timeout_ms >= self.quorum_timeout_s * 1000:
-            raise ValueError(
-                f"'diloco.heartbeat_timeout_ms' ({self.heartbeat_timeout_ms}) must be below 'diloco.quorum_timeout_s' "
-                f"({self.quorum_timeout_s} s): a dead replica must drop out of a quorum before the quorum times out"
-            )
+        check_ranges(self, "diloco", _RANGES)
+        d, period = self, self.sync_every // self.fragments
+        checks = [
+            (d.min_replicas <= d.replicas, f"'diloco.min_replicas' ({d.min_replicas}) cannot exceed 'diloco.replicas' "
+             f"({d.replicas}); lower min_replicas or add replicas"),
+            (d.sync_every % d.fragments == 0, f"'diloco.sync_every' ({d.sync_every}) must be a multiple of "
+             f"'diloco.fragments' ({d.fragments}): one fragment syncs every sync_every/fragments steps"),
+            (d.fragment_sync_delay < period, f"'diloco.fragment_sync_delay' must be in [0, sync_every/fragments = "
+             f"{period}), got {d.fragment_sync_delay!r}; lower it or raise sync_every"),
+            (not d.nesterov or d.outer_momentum > 0, "'diloco.nesterov' needs 'diloco.outer_momentum' > 0; set "
+             "nesterov: false or momentum 0.9"),
+            (d.heartbeat_timeout_ms < d.quorum_timeout_s * 1000, f"'diloco.heartbeat_timeout_ms' "
+             f"({d.heartbeat_timeout_ms}) must be below 'diloco.quorum_timeout_s' ({d.quorum_timeout_s} s): a dead "
+             "replica must drop out of a quorum before the quorum times out"),
+            (d.on_host_loss in ("replace", "shrink", "stop"), f"'diloco.on_host_loss' must be replace, shrink or "
+             f"stop, got {shown(d.on_host_loss)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
     @property
     def enabled(self) -> bool:

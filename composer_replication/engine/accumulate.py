@@ -1,17 +1,11 @@
 """Gradient accumulation: one step's batch split into micro-batches whose weighted losses add up exactly.
 
-A step builds its whole batch once (rollouts, hinted-teacher rows, pairs); :func:`split_batch` cuts it
-into ``parts`` micro-batches and :func:`channel_sizes` gives each micro-batch's share of every channel's
-denominator, so that ``sum_k (d_k / D) * loss_k`` equals the loss of the whole batch for each channel:
-
-- channel 1 is split by whole GRPO groups (advantages were computed on the whole batch); its
-  denominator is the response-token count for token-mean losses (``dapo``, ``bnpo``, the LM
-  cross-entropy fallback) and the row count for per-sequence losses (``grpo``, ``dr_grpo``);
-- channel 2 follows its student rows (the index pairs are renumbered); its denominator is the number of
-  aligned response tokens;
-- channel 3 pairs are split evenly; the denominator is the pair count.
-
-So ``1 x 8`` and ``8 x 1`` (micro-batch size x accumulation steps) give the same update, as in TRL.
+:func:`split_batch` cuts the step's batch into ``parts``; :func:`channel_sizes` gives each part's denominator of
+every channel, so ``sum_k (d_k / D) * loss_k`` is the whole batch's loss per channel (``1 x 8`` equals ``8 x 1``,
+as in TRL). Channel 1 is split by whole GRPO groups (advantages come from the whole batch); its denominator is the
+response-token count for token-mean losses (``dapo``, ``bnpo``, the LM cross-entropy fallback), the row count for
+per-sequence ones (``grpo``, ``dr_grpo``). Channel 2 follows its student rows (index pairs renumbered), over the
+aligned response tokens. Channel 3's pairs are split evenly, over the pair count.
 """
 
 from __future__ import annotations
@@ -30,12 +24,8 @@ _TEACHER_KEYS = ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_lo
 def _chunks(n: int, parts: int) -> list[range]:
     """``parts`` contiguous ranges covering ``range(n)``, sizes differing by at most one."""
     base, extra = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        size = base + (k < extra)
-        out.append(range(start, start + size))
-        start += size
-    return out
+    bounds = [k * base + min(k, extra) for k in range(parts + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _row_ranges(batch: Mapping[str, torch.Tensor], parts: int) -> list[range]:
@@ -55,13 +45,10 @@ def _row_ranges(batch: Mapping[str, torch.Tensor], parts: int) -> list[range]:
 
 
 def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    """Cut a ``compose_loss`` batch into ``parts`` micro-batches (``parts == 1``: the batch itself).
-
-    Channel-1 keys ``[B, ...]`` are split by whole groups, channel-2 rows follow their student rows (with
-    ``sdpo_student_index`` / ``sdpo_teacher_index`` ``[N, 2]`` renumbered), ``dpo_*`` keys ``[P, ...]`` evenly.
-
-    Raises:
-        ValueError: ``parts < 1``, or more parts than groups (or rows, without groups).
+    """Cut a ``compose_loss`` batch into ``parts`` micro-batches (``parts == 1``: the batch itself): channel-1 keys
+    ``[B, ...]`` by whole groups, channel-2 rows with their student rows (``sdpo_student_index`` /
+    ``sdpo_teacher_index`` ``[N, 2]`` renumbered), ``dpo_*`` keys ``[P, ...]`` evenly. ``ValueError``: ``parts < 1``,
+    or more parts than groups (or rows, without groups).
     """
     if parts < 1:
         raise ValueError(f"grad_accum_steps must be >= 1, got {parts}")
@@ -69,9 +56,8 @@ def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str,
         return [dict(batch)]
     rows = _row_ranges(batch, parts)
     P = batch["dpo_chosen_input_ids"].shape[0] if "dpo_chosen_input_ids" in batch else 0
-    pair_ranges = _chunks(P, parts)
     out = []
-    for r, pr in zip(rows, pair_ranges):
+    for r, pr in zip(rows, _chunks(P, parts)):
         micro = {k: batch[k][r.start : r.stop] for k in _ROW_KEYS if k in batch}
         micro.update(_teacher_part(batch, r))
         if len(pr):
@@ -99,8 +85,7 @@ def _teacher_part(batch: Mapping[str, torch.Tensor], rows: range) -> dict[str, t
 
 def channel_sizes(micro: Mapping[str, torch.Tensor], *, loss_type: str) -> tuple[float, float, float]:
     """``(d1, d2, d3)``: the micro-batch's denominator of channel 1, 2 and 3 (see the module docstring)."""
-    grpo = "advantages" in micro
-    if grpo and loss_type in ("grpo", "dr_grpo"):
+    if "advantages" in micro and loss_type in ("grpo", "dr_grpo"):
         d1 = float(micro["input_ids"].shape[0])
     else:
         d1 = float(micro["response_mask"][:, 1:].sum()) if "response_mask" in micro else 0.0

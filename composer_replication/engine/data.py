@@ -1,68 +1,65 @@
-"""Per-step training data: which prompts and which DPO pairs a rank trains on at a given step.
+"""What the student trains on: the data, the held-out split, and each step's draw of prompts and pairs.
 
-The choice is a pure function of ``(seed, step, rank)`` drawn with a local ``random.Random``
-(seeded from a string, so it is stable across processes and Python hash seeds). A resumed run
-therefore needs no data cursor: step ``k`` after a restart sees exactly the data it would have seen.
-Within one epoch-sized window the draw is without replacement, so small datasets are still covered.
+Every draw is a pure function of ``(seed, step, rank)`` (a local ``random.Random`` seeded from a string, stable
+across processes), so a resumed run needs no data cursor; within an epoch-sized window it is without replacement.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication.types import PreferencePair
+from composer_replication.types import PreferencePair, trace_state
 
-__all__ = [
-    "TrainingData",
-    "MixedEnvironment",
-    "build_training_data",
-    "select_states",
-    "prompts_for_step",
-    "pairs_for_step",
-    "pair_indices_for_step",
-    "step_rng",
-    "derive_seed",
-]
+__all__ = ["TrainingData", "MixedEnvironment", "build_training_data", "heldout_split", "select_states",
+           "draw_step", "prompts_for_step", "pair_indices_for_step", "step_rng", "derive_seed"]
 
 
 @dataclass(kw_only=True)
 class TrainingData:
-    """What the student trains on.
+    """Environment, prompts (channels 1 and 2), pairs (channel 3) and the held-out evaluation set.
 
-    ``environment`` scores sampled actions (``composer_replication.rollout.Environment``:
-    ``score(prompt, action_text) -> Score``); ``prompts`` are ``rollout.Prompt`` records sampled
-    for channels 1 and 2; ``pairs`` are channel-3 :class:`~composer_replication.types.PreferencePair`
-    records (spec ``DPOPair`` dicts are read into that record).
+    A pair whose rejected side comes from the rollouts (``PreferencePair.rejected_from_rollout``) is trained at
+    its state: a prompt with ``prompt_id == state_id`` must be offered (by ``prompts`` or ``environment.prompts()``).
     """
 
     environment: Any
-    """The reward environment (``score(prompt, action_text) -> Score``)."""
+    """The reward environment (``score(prompt, action_text) -> Score``; ``rollout.Environment``)."""
     prompts: list[Any] = field(default_factory=list)
     """Training prompts (``rollout.Prompt``); may be empty only when ``pairs`` is not."""
     pairs: list[PreferencePair] = field(default_factory=list)
-    """Channel-3 pairs; may be empty."""
+    """Channel-3 pairs (spec ``DPOPair`` dicts are read into the record); may be empty."""
     eval_prompts: list[Any] | None = None
-    """Held-out prompts for ``evaluate``; ``None`` means the first few training prompts."""
+    """Held-out prompts for ``evaluate``; ``None``: the first few training prompts."""
     eval_environment: Any = None
-    """Scores ``eval_prompts`` (held-out sessions: a next-action environment whose references are the
-    recorded actions); ``None`` means ``environment``."""
+    """Scores ``eval_prompts`` (held-out sessions: references are the recorded actions); ``None``: ``environment``."""
     eval_max_new_tokens: int | None = None
-    """Tokens a greedy evaluation answer may have; ``None`` means ``rollout.max_new_tokens``."""
+    """Tokens a greedy evaluation answer may have; ``None``: ``rollout.max_new_tokens``."""
 
     def __post_init__(self) -> None:
-        if self.environment is None or not hasattr(self.environment, "score"):
-            raise ValueError(
-                f"'environment' must have a score(prompt, action_text) method, got {self.environment!r}"
-            )
+        if not hasattr(self.environment, "score"):
+            raise ValueError(f"'environment' must have a score(prompt, action_text) method, got {self.environment!r}")
         self.pairs = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(self.pairs)]
         if not self.prompts and not self.pairs:
             raise ValueError("TrainingData needs at least one prompt or one pair; got neither")
         if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
             raise ValueError(f"'eval_max_new_tokens' must be >= 1 or None, got {self.eval_max_new_tokens!r}")
+        self._prompt_of: dict[str, Any] = {}
+        if any(p.rejected_from_rollout for p in self.pairs):
+            offered = [*getattr(self.environment, "prompts", list)(), *self.prompts]
+            self._prompt_of = {p.prompt_id: p for p in offered}
+            lost = [p.state_id for p in self.pairs if p.rejected_from_rollout and p.state_id not in self._prompt_of]
+            if lost:
+                raise ValueError(f"{len(lost)} pair(s) take their rejected side from the step's rollouts but no prompt "
+                                 f"is offered at their state (e.g. {lost[0]!r}); train on the states the pairs were "
+                                 "made from, or give pairs with a stored rejected side")
+
+    def prompt_of(self, state_id: str) -> Any:
+        """The prompt offered at ``state_id`` (for pairs whose rejected side comes from the rollouts)."""
+        return self._prompt_of[state_id]
 
     def eval_scorer(self, prompts: Sequence[Any]) -> Any:
         """The environment that scores ``prompts``: ``eval_environment`` for held-out prompts, else ``environment``."""
@@ -73,13 +70,8 @@ class TrainingData:
 
 
 class MixedEnvironment:
-    """Several environments behind one: each prompt is scored by the environment that offered it.
-
-    Routing is by ``prompt.prompt_id`` (so it survives pickling to another process).
-
-    Raises:
-        ValueError: no environments, or two environments offer the same ``prompt_id``.
-    """
+    """Several environments behind one: each prompt is scored by the environment that offered it (by ``prompt_id``;
+    ``ValueError`` for no environments, or two that offer the same ``prompt_id``)."""
 
     name = "mixed"
 
@@ -87,29 +79,48 @@ class MixedEnvironment:
         if not environments:
             raise ValueError("MixedEnvironment needs at least one environment")
         self.environments = list(environments)
-        self._prompts: list[Any] = []
         self._route: dict[str, Any] = {}
         for env in self.environments:
             for prompt in env.prompts():
                 if prompt.prompt_id in self._route:
                     raise ValueError(
                         f"prompt_id {prompt.prompt_id!r} is offered by both {self._route[prompt.prompt_id].name!r} "
-                        f"and {env.name!r}; prompt ids must be unique across mixed environments"
-                    )
+                        f"and {env.name!r}; prompt ids must be unique across mixed environments")
                 self._route[prompt.prompt_id] = env
-                self._prompts.append(prompt)
 
     def prompts(self) -> list[Any]:
         """The prompts of every environment, in order."""
-        return list(self._prompts)
+        return [p for env in self.environments for p in env.prompts()]
 
     def score(self, prompt: Any, action_text: str) -> Any:
         """Score with the environment that offered ``prompt`` (``KeyError`` for an unknown prompt id)."""
-        try:
-            env = self._route[prompt.prompt_id]
-        except KeyError:
-            raise KeyError(f"MixedEnvironment: no environment offers prompt_id {prompt.prompt_id!r}") from None
-        return env.score(prompt, action_text)
+        if prompt.prompt_id not in self._route:
+            raise KeyError(f"MixedEnvironment: no environment offers prompt_id {prompt.prompt_id!r}")
+        return self._route[prompt.prompt_id].score(prompt, action_text)
+
+
+def heldout_split(train_ids: Sequence[str], *, eval_ids: Collection[str] = (), num_eval_prompts: int = 0,
+                  seed: int = 0) -> set[str]:
+    """The one held-out split (called by :func:`build_training_data`, and by the recipe before any spawn): the
+    training ids held out. Held-out sessions (``eval_ids``) share no id with ``train_ids`` and hold none out; without
+    them, ``num_eval_prompts`` of ``train_ids`` are drawn with ``seed``.
+
+    Raises:
+        ValueError: both ``eval_ids`` and ``num_eval_prompts``, an evaluation id that is also a training id, or
+            ``num_eval_prompts`` outside ``[0, len(train_ids))``.
+    """
+    if eval_ids and num_eval_prompts:
+        raise ValueError(f"give held-out sessions (eval_states) or num_eval_prompts ({num_eval_prompts}), not both; "
+                         "set num_eval_prompts to 0 (data.num_eval_prompts=0, or data.eval_sessions=[] in the recipe)")
+    shared = sorted(set(eval_ids) & set(train_ids))
+    if shared:
+        raise ValueError(f"{len(shared)} evaluation state(s) or task(s) are also training ones (e.g. {shared[0]!r}); "
+                         "held-out data must not be trained on: keep data.eval_sessions and data.sessions (agentic: "
+                         "data.eval_tasks and data.tasks) apart")
+    if not 0 <= num_eval_prompts < max(1, len(train_ids)):
+        raise ValueError(f"'num_eval_prompts' ({num_eval_prompts}) must be in [0, {len(train_ids)}) for "
+                         f"{len(train_ids)} training prompts; lower it (data.num_eval_prompts) or add states")
+    return set(random.Random(f"eval:{seed}").sample(list(train_ids), num_eval_prompts))
 
 
 def build_training_data(
@@ -122,93 +133,87 @@ def build_training_data(
     seed: int = 0,
     eval_states: Sequence[dict[str, Any]] | None = None,
     eval_max_new_tokens: int | None = None,
+    eval_tasks: Sequence[Any] | None = None,
 ) -> TrainingData:
-    """Build :class:`TrainingData` for a ``RolloutConfig.environment`` name.
+    """:class:`TrainingData` for a ``RolloutConfig.environment`` name.
 
     Args:
-        environment: ``"next_action"`` (needs ``states``), ``"python_tasks"`` (``tasks``, default the
-            bundled ones) or ``"mixed"`` (both).
-        states: ``TraceState`` dicts for next-action prediction.
-        pairs: channel-3 pairs (``PreferencePair`` or spec ``DPOPair`` dicts); their ``chosen`` actions also
-            become the reference actions of their states.
-        tasks: ``rollout.PythonTask`` records.
-        num_eval_prompts: training prompts held out for ``evaluate`` (drawn with ``seed``); they and their
-            pairs are never trained on. Prefer ``eval_states``: whole held-out sessions.
-        seed: seed of the held-out draw.
-        eval_states: ``TraceState`` dicts of held-out sessions: the evaluation prompts, scored against their
-            recorded actions (no pair is their reference); they enter no training channel.
+        environment: ``"next_action"`` (``states``: ``TraceState`` dicts), ``"python_tasks"`` (``tasks``:
+            ``rollout.PythonTask`` records, default the bundled ones), ``"mixed"`` (both) or ``"agentic"`` (``tasks``:
+            ``rollout.agent.Task`` records, default the bundled train tasks; ``eval_tasks``: the held-out ones).
+        pairs: channel-3 pairs (``PreferencePair`` or spec ``DPOPair`` dicts); a pair's ``chosen`` becomes the
+            reference action of its state. A pair whose rejected side comes from the rollouts and whose state is not
+            among ``states`` adds its state (its ``state_messages``, ``chosen`` as the recorded action).
+        num_eval_prompts / seed / eval_states: the held-out split (:func:`heldout_split`). ``eval_states`` (held-out
+            sessions) become the evaluation prompts, scored against their recorded actions; held-out prompts and
+            their pairs enter no training channel.
         eval_max_new_tokens: see :attr:`TrainingData.eval_max_new_tokens`.
 
     Raises:
-        ValueError: an unknown environment, ``next_action`` without states, more held-out prompts than
-            exist, both ``eval_states`` and ``num_eval_prompts``, or an evaluation state that is also a
-            training state (same ``state_id``).
+        ValueError: an unknown environment, ``next_action`` without states, or a bad split.
     """
     from composer_replication import rollout as R
 
+    if environment == "agentic":
+        return _agentic_data(tasks, eval_tasks, num_eval_prompts=num_eval_prompts, seed=seed,
+                             eval_max_new_tokens=eval_max_new_tokens)
+    if environment not in ("next_action", "python_tasks", "mixed"):
+        raise ValueError("'rollout.environment' must be 'next_action', 'python_tasks', 'mixed' or 'agentic', got "
+                         f"{environment!r}")
     pairs = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(pairs or [])]
     envs: list[Any] = []
-    if environment not in ("next_action", "python_tasks", "mixed"):
-        raise ValueError(
-            f"'rollout.environment' must be 'next_action', 'python_tasks' or 'mixed', got {environment!r}"
-        )
     if environment in ("next_action", "mixed"):
         if not states:
             raise ValueError(f"environment {environment!r} needs trace states; pass states=[TraceState, ...]")
-        envs.append(R.NextActionEnvironment(states, pairs))
+        known = {s["state_id"] for s in [*states, *(eval_states or [])]}  # a rollout pair made elsewhere: its state
+        extra = {p.state_id: trace_state(p.state_id, p.state_messages, p.chosen) for p in pairs
+                 if p.rejected_from_rollout and p.state_id not in known}
+        envs.append(R.NextActionEnvironment([*states, *extra.values()], pairs))
     if environment in ("python_tasks", "mixed"):
         envs.append(R.PythonTaskEnvironment(list(tasks) if tasks is not None else None))
     env = envs[0] if len(envs) == 1 else MixedEnvironment(envs)
     prompts = env.prompts()
+    held = heldout_split([p.prompt_id for p in prompts], eval_ids=[s["state_id"] for s in eval_states or []],
+                         num_eval_prompts=num_eval_prompts, seed=seed)
     if eval_states:
-        return _with_heldout_sessions(env, prompts, pairs, states or [], eval_states, num_eval_prompts,
-                                      eval_max_new_tokens)
-    if not 0 <= num_eval_prompts < max(1, len(prompts)):
-        raise ValueError(
-            f"'num_eval_prompts' must be in [0, {len(prompts)}) for {len(prompts)} prompts, got {num_eval_prompts}"
-        )
-    held = set(random.Random(f"eval:{seed}").sample(range(len(prompts)), num_eval_prompts))
-    held_ids = {p.prompt_id for i, p in enumerate(prompts) if i in held}
+        eval_env = R.NextActionEnvironment(eval_states)  # no pairs: the reference is the recorded action
+        eval_ids = {s["state_id"] for s in eval_states}
+        return TrainingData(environment=env, prompts=prompts, pairs=[p for p in pairs if p.state_id not in eval_ids],
+                            eval_prompts=eval_env.prompts(), eval_environment=eval_env,
+                            eval_max_new_tokens=eval_max_new_tokens)
     return TrainingData(
         environment=env,
-        prompts=[p for i, p in enumerate(prompts) if i not in held],
-        pairs=[p for p in pairs if p.state_id not in held_ids],  # a held-out prompt's pair would teach its answer
-        eval_prompts=[p for i, p in enumerate(prompts) if i in held] or None,
+        prompts=[p for p in prompts if p.prompt_id not in held],
+        pairs=[p for p in pairs if p.state_id not in held],  # a held-out prompt's pair would teach its answer
+        eval_prompts=[p for p in prompts if p.prompt_id in held] or None,
         eval_max_new_tokens=eval_max_new_tokens,
     )
 
 
-def _with_heldout_sessions(env: Any, prompts: list[Any], pairs: list[PreferencePair],
-                           states: Sequence[dict[str, Any]], eval_states: Sequence[dict[str, Any]],
-                           num_eval_prompts: int, eval_max_new_tokens: int | None) -> TrainingData:
-    """:class:`TrainingData` whose evaluation prompts are the held-out sessions' states."""
-    from composer_replication.rollout import NextActionEnvironment
+def _agentic_data(tasks: Sequence[Any] | None, eval_tasks: Sequence[Any] | None, *, num_eval_prompts: int,
+                  seed: int, eval_max_new_tokens: int | None) -> TrainingData:
+    """The agentic tasks: one prompt per task; held out: ``eval_tasks`` (their own ids), else ``num_eval_prompts``."""
+    from composer_replication.data import bundled_path
+    from composer_replication.rollout.agent import load_tasks
+    from composer_replication.rollout.agent.rollouts import AgenticEnvironment
+    from composer_replication.rollout.agent.tasks import BUNDLED_TASKS
 
-    if num_eval_prompts:
-        raise ValueError(
-            f"give held-out sessions (eval_states) or num_eval_prompts ({num_eval_prompts}), not both; "
-            "set num_eval_prompts to 0 (data.num_eval_prompts=0 in the recipe)"
-        )
-    train_ids = {s.get("state_id") for s in states}
-    shared = sorted(str(s.get("state_id")) for s in eval_states if s.get("state_id") in train_ids)
-    if shared:
-        raise ValueError(
-            f"{len(shared)} evaluation state(s) are also training states (e.g. {shared[0]!r}); held-out sessions "
-            "must not be trained on: keep data.eval_sessions and data.sessions apart"
-        )
-    eval_env = NextActionEnvironment(eval_states)  # no pairs: the reference is the recorded action
-    return TrainingData(environment=env, prompts=prompts, pairs=pairs, eval_prompts=eval_env.prompts(),
-                        eval_environment=eval_env, eval_max_new_tokens=eval_max_new_tokens)
+    tasks = list(tasks) if tasks is not None else load_tasks(bundled_path(BUNDLED_TASKS["train"]))
+    held = heldout_split([t.task_id for t in tasks], eval_ids=[t.task_id for t in eval_tasks or []],
+                         num_eval_prompts=num_eval_prompts, seed=seed)
+    train = [t for t in tasks if t.task_id not in held]
+    evals = list(eval_tasks or []) or [t for t in tasks if t.task_id in held]
+    env = AgenticEnvironment(train)
+    eval_env = AgenticEnvironment(evals) if evals else None
+    return TrainingData(environment=env, prompts=env.prompts(), pairs=[],
+                        eval_prompts=eval_env.prompts() if eval_env else None, eval_environment=eval_env,
+                        eval_max_new_tokens=eval_max_new_tokens)
 
 
 def select_states(states: Sequence[dict[str, Any]], max_states: int, *, stream: str = "eval-states"
                   ) -> list[dict[str, Any]]:
-    """At most ``max_states`` of ``states``, spread over them (a fixed draw, kept in the given order).
-
-    The same states are chosen in every run (for a given ``stream``: ``"eval-states"`` for the held-out draw,
-    ``"train-states"`` for the training draw), so runs compare and every session can contribute.
-    ``max_states <= 0`` keeps them all.
-    """
+    """At most ``max_states`` of ``states`` (``<= 0``: all), a fixed draw spread over them, in their order: the same
+    states in every run for a given ``stream`` (``"eval-states"``, ``"train-states"``)."""
     if max_states <= 0 or len(states) <= max_states:
         return list(states)
     keep = set(random.Random(stream).sample(range(len(states)), max_states))
@@ -226,57 +231,41 @@ def step_rng(seed: int, step: int, rank: int, stream: str) -> random.Random:
     return random.Random(f"{stream}:{seed}:{step}:{rank}")
 
 
-def _indices_for_step(n: int, k: int, *, seed: int, step: int, rank: int, stream: str) -> list[int]:
+def _indices(n: int, k: int, *, seed: int, step: int, rank: int, stream: str, name: str) -> list[int]:
     """``k`` indices into ``range(n)``: without replacement when ``k <= n``, else whole shuffled passes."""
-    if n == 0 or k == 0:
-        return []
-    rng = step_rng(seed, step, rank, stream)
-    out: list[int] = []
-    while len(out) < k:
-        take = min(n, k - len(out))
-        out.extend(rng.sample(range(n), take))
+    for key, value in (("step", step), ("rank", rank), (name, k)):
+        if value < 0:
+            raise ValueError(f"'{key}' must be >= 0, got {value}")
+    rng, out = step_rng(seed, step, rank, stream), []
+    while n and len(out) < k:
+        out.extend(rng.sample(range(n), min(n, k - len(out))))
     return out
 
 
-def prompts_for_step(
-    data: TrainingData, step: int, *, rank: int = 0, prompts_per_step: int, seed: int
-) -> list[Any]:
-    """The prompts rank ``rank`` samples at ``step``: a deterministic function of ``(seed, step, rank)``.
-
-    Raises:
-        ValueError: ``step`` or ``rank`` is negative, or ``prompts_per_step < 0``.
-    """
-    _check_args(step, rank, prompts_per_step, "prompts_per_step")
-    idx = _indices_for_step(
-        len(data.prompts), prompts_per_step, seed=seed, step=step, rank=rank, stream="prompts"
-    )
+def prompts_for_step(data: TrainingData, step: int, *, rank: int = 0, prompts_per_step: int, seed: int) -> list[Any]:
+    """``prompts_per_step`` of ``data.prompts`` drawn for ``(seed, step, rank)`` (``ValueError`` on a negative)."""
+    idx = _indices(len(data.prompts), prompts_per_step, seed=seed, step=step, rank=rank, stream="prompts",
+                   name="prompts_per_step")
     return [data.prompts[i] for i in idx]
 
 
-def pair_indices_for_step(
-    data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
-) -> list[int]:
-    """Indices into ``data.pairs`` of the pairs rank ``rank`` trains on at ``step`` (from ``(seed, step, rank)``).
+def pair_indices_for_step(data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
+                          ) -> list[int]:
+    """Indices into ``data.pairs`` of the ``pairs_per_step`` pairs drawn for ``(seed, step, rank)``."""
+    return _indices(len(data.pairs), pairs_per_step, seed=seed, step=step, rank=rank, stream="pairs",
+                    name="pairs_per_step")
 
-    Raises:
-        ValueError: ``step`` or ``rank`` is negative, or ``pairs_per_step < 0``.
+
+def draw_step(data: TrainingData, step: int, *, rank: int = 0, prompts_per_step: int, pairs_per_step: int,
+              seed: int) -> tuple[list[Any], list[int]]:
+    """The prompts and the pair indices rank ``rank`` trains on at ``step``: the pairs are drawn first
+    (:func:`pair_indices_for_step`); the state of each drawn pair whose rejected side comes from the rollouts is one of
+    the step's prompts (once, in draw order), then prompts of :func:`prompts_for_step` fill up to ``prompts_per_step``.
     """
-    _check_args(step, rank, pairs_per_step, "pairs_per_step")
-    return _indices_for_step(len(data.pairs), pairs_per_step, seed=seed, step=step, rank=rank, stream="pairs")
-
-
-def pairs_for_step(
-    data: TrainingData, step: int, *, rank: int = 0, pairs_per_step: int, seed: int
-) -> list[PreferencePair]:
-    """The channel-3 pairs rank ``rank`` trains on at ``step`` (see :func:`pair_indices_for_step`)."""
-    idx = pair_indices_for_step(data, step, rank=rank, pairs_per_step=pairs_per_step, seed=seed)
-    return [data.pairs[i] for i in idx]
-
-
-def _check_args(step: int, rank: int, count: int, name: str) -> None:
-    if step < 0:
-        raise ValueError(f"'step' must be >= 0, got {step}")
-    if rank < 0:
-        raise ValueError(f"'rank' must be >= 0, got {rank}")
-    if count < 0:
-        raise ValueError(f"'{name}' must be >= 0, got {count}")
+    drawn = pair_indices_for_step(data, step, rank=rank, pairs_per_step=pairs_per_step, seed=seed)
+    prompts = list({data.pairs[i].state_id: data.prompt_of(data.pairs[i].state_id) for i in drawn
+                    if data.pairs[i].rejected_from_rollout}.values())
+    seen = {p.prompt_id for p in prompts}
+    regular = prompts_for_step(data, step, rank=rank, prompts_per_step=prompts_per_step, seed=seed)
+    prompts += [p for p in regular if not seen or p.prompt_id not in seen][: max(0, prompts_per_step - len(prompts))]
+    return prompts, drawn

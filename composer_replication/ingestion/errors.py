@@ -1,48 +1,24 @@
-"""Error sites: classify a failed tool call from its result text.
-
-Every ingester marks the turn whose tool calls came back with an error (``TraceState.error_kind``
-and ``error_meta``, an :class:`~composer_replication.types.ErrorSite`). The hint generator turns
-those sites into hinted contexts for the self-distillation channel; the rollout environments use
-:func:`classify_tool_error` on their own tool errors so both speak the same kinds:
-
-- ``tool_not_found``: the agent called a tool that does not exist ("No such tool available").
-- ``json_decode``: the arguments were not valid JSON ("Expecting ',' delimiter").
-- ``type_error``: the arguments did not match the tool's schema ("InputValidationError",
-  "expected string, received number", a missing required parameter).
-- ``runtime_error``: the tool ran and failed (a traceback, a non-zero exit code, a failing test).
-- ``repeated_failure``: the same tool failed with the same error in two turns in a row
-  (decided by :class:`RepeatTracker`, not from one text).
-- ``other``: an error none of the above describes.
+"""Error sites: a turn whose tool call failed, classified from the result text into one of ``types.ERROR_KINDS``
+(table: docs/ingestion.md, "Error sites"); its :class:`~composer_replication.types.HintContext` (``error_meta``)
+is what the hint generator turns into the hinted context of channel 2.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
-from composer_replication.types import ERROR_KINDS, ErrorSite
+from composer_replication.types import ERROR_KINDS, HintContext
 
-__all__ = [
-    "ERROR_KINDS",
-    "classify_tool_error",
-    "looks_like_error",
-    "error_signature",
-    "make_error_site",
-    "RepeatTracker",
-    "offered_tools",
-]
-
-
-# Plain substrings (matched on the lowercased head of the text) are much faster than one big
-# case-insensitive regex over tool outputs of many kB; regexes only where a pattern needs them.
+# substrings of the lowercased head are much faster than one case-insensitive regex over outputs of many kB;
+# regexes only where a pattern needs them, and only after a cheap substring test
 _TOOL_NOT_FOUND = (
     "no such tool", "unknown tool", "tool not found", "is not a valid tool", "unsupported call",
     "unsupported tool", "no tool named", "invalid tool name", "not an available tool",
 )  # fmt: skip
 _TOOL_NOT_FOUND_RE = re.compile(r"(?:tool|function) \S{1,60} (?:was |is )?(?:not found|does not exist)")
 _VALIDATION = ("inputvalidationerror", "validationerror", "validation error")
-_RUNTIME_STRONG_RE = re.compile(r"[Ee]xit (?:code|status):? *[1-9]|\"exit_code\": *[1-9]|EXIT CODE:? *[1-9]")
+_EXIT_RE = re.compile(r"[Ee]xit (?:code|status):? *[1-9]|\"exit_code\": *[1-9]|EXIT CODE:? *[1-9]")
 _TEST_FAILURE = re.compile(r"^=+ .*\b(?:failed|error|errors)\b.* =+$")
 _JSON = (
     "jsondecodeerror", "json.decoder", "expecting value", "expecting property name", "expecting ',' delimiter",
@@ -52,6 +28,7 @@ _JSON = (
     "could not parse arguments", "in json at position", "unexpected end of json", "malformed json",
     "error parsing tool input",
 )  # fmt: skip
+_JSON_HINTS = ("json", "expecting", "pars", "unterminated", "extra data", "control character")
 _TYPE = (
     "invalid type", "required parameter", "missing required", "is a required property", "must be of type",
     "wrong type", "unexpected keyword argument", "unexpected argument", "unexpected parameter", "invalid input",
@@ -62,171 +39,96 @@ _RUNTIME_WEAK = (
     "error", "exception", "failed", "failure", "command not found", "no such file or directory",
     "permission denied", "timed out", "timeout", "not permitted", "cannot ", "can't ", "could not", "non-zero",
 )  # fmt: skip
-_LOOKS_LIKE_ERROR = re.compile(r"\[?(?:error|ERROR|Error)\]?[: ]|fatal:|[Ee]xception")
-_DIGITS = re.compile(r"\d+")
-_SPACES = re.compile(r"\s+")
-_HEAD, _TAIL = 1500, 500
+_ERROR_LINE = re.compile(r"\[?(?:error|ERROR|Error)\]?[: ]|fatal:|[Ee]xception")
+_DIGITS, _SPACES = re.compile(r"\d+"), re.compile(r"\s+")
 
 
 def _any(needles: tuple[str, ...], hay: str) -> bool:
     return any(n in hay for n in needles)
 
 
-# the regexes below are slow on long non-ASCII text: each runs only when a cheap substring test passes
-def _exit_code(text: str, low: str) -> bool:
-    return ("exit" in low) and bool(_RUNTIME_STRONG_RE.search(text))
-
-
 def _test_failure(text: str) -> bool:
-    """A pytest-style failure line: ``FAILED ...``, ``ERROR ...``, ``E   ...`` or ``=== 1 failed ... ===``."""
-    for line in text.splitlines():
-        if line.startswith(("FAILED ", "ERROR ", "E   ")):
-            return True
-        if line.startswith("=") and line.endswith("=") and _TEST_FAILURE.search(line):
-            return True
-    return False
-
-
-def _error_line(text: str) -> bool:
-    """A line that starts (after indentation) with ``Error:``/``[error]``/``fatal:``/``Exception``."""
-    for line in text.splitlines():
-        s = line.lstrip(" \t")
-        if s[:1] in "EeFf[" and _LOOKS_LIKE_ERROR.match(s):
-            return True
-    return False
+    """A pytest failure line: ``FAILED ...``, ``ERROR ...``, ``E   ...`` or ``=== 1 failed ... ===``."""
+    return any(line.startswith(("FAILED ", "ERROR ", "E   "))
+               or (line.startswith("=") and line.endswith("=") and _TEST_FAILURE.search(line))
+               for line in text.splitlines())  # fmt: skip
 
 
 def classify_tool_error(text: str) -> str:
-    """Classify the text of a failed tool call into one of :data:`ERROR_KINDS` (never ``repeated_failure``).
-
-    The checks run from the most to the least specific: an unknown tool, a schema validation error,
-    then a traceback or a non-zero exit code (so a program's own ``JSONDecodeError`` inside a traceback
-    is a ``runtime_error``), then argument JSON errors, argument type errors, any other failure
-    (``runtime_error``), else ``other``. Only the head and the tail of a long text are read.
+    """The kind of a failed tool call's text, one of ``ERROR_KINDS`` (never ``repeated_failure``), from the most
+    to the least specific: an unknown tool, a schema validation error, a traceback / non-zero exit / failing test
+    (so a program's own ``JSONDecodeError`` is a ``runtime_error``), argument JSON errors, argument type errors,
+    any other failure (``runtime_error``), else ``other``. Reads the first 1500 and last 500 characters.
 
     >>> classify_tool_error("<tool_use_error>Error: No such tool available: Serch</tool_use_error>")
     'tool_not_found'
     """
     text = text or ""
-    if len(text) > _HEAD + _TAIL:
-        text = text[:_HEAD] + "\n" + text[-_TAIL:]
+    text = text if len(text) <= 2000 else text[:1500] + "\n" + text[-500:]
     low = text.lower()
-    short = low[:300]
-    if _any(_TOOL_NOT_FOUND, short) or _TOOL_NOT_FOUND_RE.search(short):
+    if _any(_TOOL_NOT_FOUND, low[:300]) or _TOOL_NOT_FOUND_RE.search(low[:300]):
         return "tool_not_found"
-    if _any(_VALIDATION, short):
+    if _any(_VALIDATION, low[:300]):
         return "type_error"
-    if "traceback (most recent call last)" in low or _exit_code(text, low) or _test_failure(text):
+    if "traceback (most recent call last)" in low or ("exit" in low and _EXIT_RE.search(text)) or _test_failure(text):
         return "runtime_error"
-    if (
-        "json" in low
-        or "expecting" in low
-        or "pars" in low
-        or "unterminated" in low
-        or "extra data" in low
-        or "control character" in low
-    ) and _any(_JSON, low):
+    if _any(_JSON_HINTS, low) and _any(_JSON, low):
         return "json_decode"
     if _any(_TYPE, low) or ("expected" in low and _TYPE_RE.search(low)):
         return "type_error"
-    if _any(_RUNTIME_WEAK, low):
-        return "runtime_error"
-    return "other"
+    return "runtime_error" if _any(_RUNTIME_WEAK, low) else "other"
 
 
 def looks_like_error(text: str) -> bool:
-    """Guess whether a tool result without an explicit error flag reports a failure.
+    """Whether a result without an error flag (OpenAI messages, Codex) reports a failure, conservatively: a
+    traceback, a ``<tool_use_error>``, an unknown-tool or invalid-arguments message, a non-zero exit code, or a
+    line opening with ``Error:`` / ``[error]`` / ``fatal:`` / ``Exception``."""
+    head = (text or "")[:3000]
+    short, low = head[:300].lower(), head.lower()
+    if "Traceback (most recent call last)" in head or "<tool_use_error>" in head or "failed to parse" in short:
+        return True
+    if _any(_TOOL_NOT_FOUND, short) or _any(_VALIDATION, short) or ("exit" in low and _EXIT_RE.search(head)):
+        return True
+    if not ("error" in low or "fatal:" in low or "exception" in low):
+        return False
+    return any(s[:1] in "EeFf[" and _ERROR_LINE.match(s) for s in (ln.lstrip(" \t") for ln in head.splitlines()))
 
-    Conservative (formats such as OpenAI messages carry no ``is_error``): an error/fatal prefix, a
-    Python traceback, a non-zero exit code, a ``<tool_use_error>`` wrapper, or an unknown-tool /
-    invalid-arguments message.
+
+def error_site(*, kind: str, message: str, tool_name: str, available_tools: list[str],
+               tool_schema: dict | None = None, intent: str = "") -> HintContext:  # fmt: skip
+    """The :class:`~composer_replication.types.HintContext` of one failed call (message cut to 2000 characters,
+    intent to 500).
+
+    Raises:
+        ValueError: ``kind`` is not one of ``ERROR_KINDS``.
     """
-    text = text or ""
-    head = text[:3000]
-    short = head[:300].lower()
-    if "Traceback (most recent call last)" in head or "<tool_use_error>" in head:
-        return True
-    if _any(_TOOL_NOT_FOUND, short) or _any(_VALIDATION, short) or "failed to parse" in short:
-        return True
-    low = head.lower()
-    if "exit" in low and _RUNTIME_STRONG_RE.search(head):
-        return True
-    return ("error" in low or "fatal:" in low or "exception" in low) and _error_line(head)
-
-
-def error_signature(tool_name: str, text: str) -> str:
-    """A comparable form of one failure: the tool and the error's first 200 characters, digits and
-    whitespace normalized (so two runs of the same failing test compare equal)."""
-    body = _SPACES.sub(" ", _DIGITS.sub("#", (text or "")[:200])).strip()
-    return f"{tool_name}\x00{body}"
-
-
-def make_error_site(
-    *,
-    kind: str,
-    message: str,
-    tool_name: str,
-    available_tools: list[str],
-    tool_schema: dict | None = None,
-    intent: str = "",
-    max_message_chars: int = 2000,
-) -> ErrorSite:
-    """Build the :class:`ErrorSite` for one failed tool call (``message`` cut to ``max_message_chars``)."""
     if kind not in ERROR_KINDS:
         raise ValueError(f"kind={kind!r} is not an error kind; use one of {ERROR_KINDS}")
-    site: ErrorSite = {
-        "error_kind": kind,
-        "error_message": (message or "")[:max_message_chars],
-        "tool_name": tool_name,
-        "available_tools": list(available_tools),
-        "intent": (intent or "")[:500],
-    }
+    site: HintContext = {"error_kind": kind, "error_message": (message or "")[:2000], "tool_name": tool_name,
+                         "available_tools": list(available_tools), "intent": (intent or "")[:500]}  # fmt: skip
     if tool_schema:
         site["tool_schema"] = tool_schema
     return site
 
 
-def offered_tools(
-    calls: dict[str, str],
-    results: dict[str, tuple[str, bool]],
-    declared: Iterable[str] = (),
-    classify: Callable[[str], str] | None = None,
-) -> list[str]:
-    """The session's tool names, sorted: ``declared`` plus every name called, minus names whose calls
-    were only ever answered with a ``tool_not_found`` error (the agent invented them).
-
-    ``calls`` maps call id -> tool name; ``results`` maps call id -> ``(text, is_error)``;
-    ``classify`` defaults to :func:`classify_tool_error` (pass a memoized one to share work).
-    """
-    classify = classify or classify_tool_error
-    bad: set[str] = set()
-    good: set[str] = set()
-    for cid, name in calls.items():
-        res = results.get(cid)
-        if res is not None and res[1] and classify(res[0]) == "tool_not_found":
-            bad.add(name)
-        else:
-            good.add(name)
-    return sorted(set(declared) | good | (bad & set(declared)))
+def offered_tools(calls: dict[str, str], failed: dict[str, str], declared: Iterable[str] = ()) -> list[str]:
+    """The session's tools, sorted: ``declared`` plus every name called (``calls``: call id -> name), minus
+    names only ever answered by a ``tool_not_found`` error (``failed``: call id -> text), which were invented."""
+    refused = {c for c in calls if c in failed and classify_tool_error(failed[c]) == "tool_not_found"}
+    declared = set(declared)
+    return sorted(declared | {n for c, n in calls.items() if c not in refused} | ({calls[c] for c in refused} & declared))
 
 
-@dataclass
 class RepeatTracker:
-    """Turns a second consecutive identical failure into ``repeated_failure``.
+    """Turns a second consecutive identical failure into ``repeated_failure``: :meth:`observe` once per turn,
+    in order, with the turn's first failure or None (which breaks the run)."""
 
-    Call :meth:`observe` once per turn, in turn order, with the turn's first failure (or ``None``):
-    it returns the kind to record. A turn without an error breaks the run.
-    """
-
-    _last: str | None = field(default=None, repr=False)
+    def __init__(self) -> None:
+        self._last: str | None = None
 
     def observe(self, failure: tuple[str, str, str] | None) -> str | None:
-        """``failure`` is ``(tool_name, error_text, base_kind)``; returns the kind for this turn or None."""
-        if failure is None:
-            self._last = None
-            return None
-        tool_name, text, kind = failure
-        sig = error_signature(tool_name, text)
-        repeated = sig == self._last
-        self._last = sig
-        return "repeated_failure" if repeated else kind
+        """``failure`` is ``(tool_name, error_text, kind)``; returns the kind to record, or None. Failures are
+        the same when their tool and first 200 characters (digits and spaces normalized) are."""
+        sig = None if failure is None else failure[0] + "\x00" + _SPACES.sub(" ", _DIGITS.sub("#", (failure[1] or "")[:200])).strip()
+        repeated, self._last = sig is not None and sig == self._last, sig
+        return None if failure is None else "repeated_failure" if repeated else failure[2]

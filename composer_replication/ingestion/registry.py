@@ -1,15 +1,7 @@
 """One entry point for every trace format: :func:`ingest_any`, :func:`detect_format`, :data:`INGESTERS`.
 
-The format is read from the file's content (its first records), not from its name:
-
-- ``claude_code``: JSONL records with ``type`` user/assistant/summary/system/... and a ``uuid``,
-  ``sessionId`` or ``leafUuid``;
-- ``codex``: JSONL ``{timestamp, type, payload}`` rollout lines, or the legacy layout (a first
-  ``{id, timestamp, instructions}`` line, bare response items with ``input_text``/``output_text``
-  parts, ``{"record_type": "state"}``);
-- ``swe_agent``: a JSON object with ``history`` or ``trajectory`` steps (``action``/``observation``);
-- ``openai``: a JSON object with ``messages`` (or ``trajectory``/``conversations`` of role/text
-  messages), a bare list of messages, or JSONL of messages or conversations.
+The format is read from the content (its first records), not from the name; formats we recognise but do not read
+(Gemini CLI, OpenHands, aider) are refused as such, never taken for another. Rules: docs/ingestion.md.
 """
 
 from __future__ import annotations
@@ -20,147 +12,72 @@ from typing import Any
 
 from composer_replication.ingestion.claude_code import ClaudeCodeIngester
 from composer_replication.ingestion.codex import CodexIngester
-from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester
-from composer_replication.ingestion.streaming import (
-    MalformedJSON,
-    has_content,
-    iter_events,
-    open_utf8,
-    skip_value,
-)
-from composer_replication.ingestion.swe_agent import SWEAgentIngester
+from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester, SWEAgentIngester
+from composer_replication.ingestion.reading import MalformedJSON, has_content, iter_events, open_utf8, prune
 from composer_replication.types import TraceState
 
-__all__ = ["INGESTERS", "FORMATS", "detect_format", "make_ingester", "ingest_any"]
-
-INGESTERS: dict[str, type] = {
-    "claude_code": ClaudeCodeIngester,
-    "codex": CodexIngester,
-    "openai": OpenAIMessagesIngester,
-    "swe_agent": SWEAgentIngester,
-}
+INGESTERS: dict[str, type] = {"claude_code": ClaudeCodeIngester, "codex": CodexIngester,
+                               "openai": OpenAIMessagesIngester, "swe_agent": SWEAgentIngester}  # fmt: skip
 """Format name -> ingester class (each has ``ingest(path) -> Iterator[TraceState]`` and ``last_stats``)."""
-
 FORMATS: tuple[str, ...] = tuple(INGESTERS)
+UNSUPPORTED = {"gemini_cli": "Gemini CLI", "openhands": "OpenHands", "aider": "aider chat history"}  # named, not read
 
-_CLAUDE_TYPES = frozenset(
-    {
-        "user",
-        "assistant",
-        "summary",
-        "system",
-        "file-history-snapshot",
-        "queue-operation",
-        "progress",
-        "attachment",
-        "pr-link",
-        "custom-title",
-        "last-prompt",
-        "agent-name",
-    }
-)
+_CLAUDE_TYPES = frozenset({"user", "assistant", "summary", "system", "file-history-snapshot", "queue-operation",
+                           "progress", "attachment", "pr-link", "custom-title", "last-prompt", "agent-name"})  # fmt: skip
 _CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
-_CODEX_ITEMS = frozenset(
-    {
-        "message",
-        "function_call",
-        "function_call_output",
-        "reasoning",
-        "local_shell_call",
-        "custom_tool_call",
-        "custom_tool_call_output",
-        "web_search_call",
-    }
-)
-_MAX_LINES = 20
+_CODEX_ITEMS = frozenset({"message", "function_call", "function_call_output", "reasoning", "local_shell_call",
+                          "custom_tool_call", "custom_tool_call_output", "web_search_call"})  # fmt: skip
+_N = 20  # records that vote; items kept per pruned list
 
 
-def _classify_record(rec: Any) -> str | None:
+def _openhands(items: Any) -> bool:
+    return isinstance(items, list) and any(
+        isinstance(e, dict) and "source" in e and ("action" in e or "observation" in e) for e in items[:_N])
+
+
+def _classify(rec: Any) -> str | None:
+    """The format one pruned record (or document) belongs to, or None."""
+    if isinstance(rec, list):
+        if _openhands(rec):
+            return "openhands"
+        if rec and all(isinstance(m, dict) for m in rec) and any("role" in m or "from" in m for m in rec):
+            return "openai"
+        return "openai" if any(_classify(m) == "openai" for m in rec[:5]) else None
     if not isinstance(rec, dict):
         return None
     rtype = rec.get("type")
-    if rtype in _CODEX_TYPES and "payload" in rec:
+    if (rtype in _CODEX_TYPES and "payload" in rec) or rec.get("record_type") == "state" \
+            or ("instructions" in rec and "id" in rec and "type" not in rec):  # fmt: skip
         return "codex"
-    if rec.get("record_type") == "state" or ("instructions" in rec and "id" in rec and "type" not in rec):
-        return "codex"
-    if rtype in _CLAUDE_TYPES and (
-        "uuid" in rec or "sessionId" in rec or "leafUuid" in rec or "parentUuid" in rec
-    ):
+    if "projectHash" in rec or rtype == "gemini" or "$rewindTo" in rec or "$set" in rec:
+        return "gemini_cli"
+    if isinstance(rec.get("messages"), list) and any(
+            isinstance(m, dict) and m.get("type") == "gemini" for m in rec["messages"]):  # fmt: skip
+        return "gemini_cli"
+    if rtype in _CLAUDE_TYPES and ("uuid" in rec or "sessionId" in rec or "leafUuid" in rec or "parentUuid" in rec):
         return "claude_code"
-    if (
-        rtype in _CODEX_ITEMS
-        and "role" not in rec
-        or (
-            rtype == "message"
-            and isinstance(rec.get("content"), list)
-            and any(
-                isinstance(p, dict) and p.get("type") in ("input_text", "output_text") for p in rec["content"]
-            )
-        )
-    ):
+    if (rtype in _CODEX_ITEMS and "role" not in rec) or (rtype == "message" and isinstance(rec.get("content"), list)
+            and any(isinstance(p, dict) and p.get("type") in ("input_text", "output_text") for p in rec["content"])):
         return "codex"
-    return _classify_doc(rec)
-
-
-def _classify_doc(doc: Any) -> str | None:
-    if isinstance(doc, list):
-        if doc and all(isinstance(m, dict) for m in doc[:20]):
-            if any("role" in m or "from" in m for m in doc[:20]):
-                return "openai"
-            if any(_classify_doc(m) == "openai" for m in doc[:5]):
-                return "openai"
-        return None
-    if not isinstance(doc, dict):
-        return None
-    if isinstance(doc.get("history"), list) or (
-        isinstance(doc.get("trajectory"), list)
-        and any(isinstance(s, dict) and ("action" in s or "observation" in s) for s in doc["trajectory"][:5])
-    ):
+    if _openhands([rec]) or _openhands(rec.get("history")):
+        return "openhands"
+    trajectory = rec.get("trajectory")
+    if isinstance(rec.get("history"), list) or (isinstance(trajectory, list) and any(
+            isinstance(s, dict) and ("action" in s or "observation" in s) for s in trajectory[:5])):  # fmt: skip
         return "swe_agent"
-    for key in ("messages", "trajectory", "conversations", "conversation"):
-        if isinstance(doc.get(key), list):
-            return "openai"
-    if "role" in doc and ("content" in doc or "text" in doc or "tool_calls" in doc):
+    if any(isinstance(rec.get(k), list) for k in ("messages", "trajectory", "conversations", "conversation")):
         return "openai"
-    return None
-
-
-def _prune(event: str, value: Any, events: Iterator[tuple[str, Any]], depth: int = 0) -> Any:
-    """The JSON value starting with ``(event, value)``, pruned to what the classifiers read:
-    containers to depth 3, the first 20 items of each list, strings up to 200 characters (longer
-    ones, such as a pasted image, become ""). Built from streamed events, so a record of any size
-    costs no more than its pruned form."""
-    if event not in ("start_map", "start_array"):
-        return "" if isinstance(value, str) and len(value) > 200 else value
-    if depth >= 3:
-        skip_value(event, events)
-        return {} if event == "start_map" else []
-    out: Any = {} if event == "start_map" else []
-    key = None
-    for event, value in events:
-        if event in ("end_map", "end_array"):
-            return out
-        if event == "map_key":
-            key = value
-            continue
-        item = _prune(event, value, events, depth + 1)
-        if isinstance(out, dict):
-            out[key] = item
-        elif len(out) < _MAX_LINES:
-            out.append(item)
-    return out
+    return "openai" if "role" in rec and ("content" in rec or "text" in rec or "tool_calls" in rec) else None
 
 
 def detect_format(path: str | Path) -> str:
-    """Name the trace format of ``path`` from its content (one of :data:`FORMATS`).
-
-    The first 20 JSON values (the lines of a JSONL file, or the one document of a JSON file) vote;
-    they are streamed and pruned, so a first record of many megabytes (a pasted image) or a large
-    document costs little memory. UTF-8 (with or without a BOM) and UTF-16 are read.
+    """The trace format of ``path`` (one of :data:`FORMATS`): its first 20 JSON values vote (the lines of a
+    JSONL file, or the document of a JSON file), streamed and pruned, so a first record of many MB costs little
+    memory; a damaged line ends the vote.
 
     Raises:
-        ValueError: the file is empty, or its content matches no known format (the message lists
-            the formats and how to force one).
+        ValueError: an empty file, or an unsupported format (Gemini CLI, OpenHands, aider, or none we know):
+            the message lists the supported ones.
         NestingTooDeep: the JSON nests deeper than Python's recursion limit.
     """
     path = Path(path)
@@ -169,53 +86,45 @@ def detect_format(path: str | Path) -> str:
         events = iter_events(f, path)
         try:
             for event, value in events:
-                rec = _prune(event, value, events)
-                kind = _classify_record(rec) if isinstance(rec, dict) else _classify_doc(rec)
-                if kind is not None:
+                if (kind := _classify(prune(event, value, events))) is not None:
                     votes.append(kind)
-                if len(votes) >= _MAX_LINES:
+                if len(votes) >= _N:
                     break
         except MalformedJSON:
-            pass  # a damaged line: the records before it vote
-    if votes:
-        return max(set(votes), key=votes.count)
-    if not has_content(path):
-        raise ValueError(f"{path} is empty (no records): nothing to ingest")
-    raise ValueError(
-        f"could not tell the trace format of {path} from its content; known formats: {', '.join(FORMATS)}. "
-        "Force one with ingest_any(path, format='claude_code') or the CLI's --format claude_code."
-    )
+            pass  # the records before the damage vote
+    if not votes:
+        if not has_content(path):
+            raise ValueError(f"{path} is empty (no records): nothing to ingest")
+        with open_utf8(path, clean=True) as f:
+            votes = ["aider"] if f.read(64).lstrip().startswith(b"# aider chat started at") else []
+    kind = max(set(votes), key=votes.count) if votes else None
+    if kind in FORMATS:
+        return kind  # type: ignore[return-value]
+    what = f"{UNSUPPORTED[kind]}, which we do not read" if kind else "its content matches none we read"
+    raise ValueError(f"{path}: unsupported format ({what}); supported formats: {', '.join(FORMATS)}")
 
 
 def make_ingester(format: str, **kwargs: Any) -> Any:
-    """An ingester for ``format`` (a key of :data:`INGESTERS`), built with ``kwargs``.
+    """An ingester for ``format`` (a key of :data:`INGESTERS`) with ``kwargs`` (``skip_sidechain`` dropped but
+    for Claude Code).
 
-    Keyword arguments an ingester does not take (``skip_sidechain`` for non-Claude formats) are dropped.
+    Raises:
+        ValueError: an unknown ``format``.
     """
     if format not in INGESTERS:
-        raise ValueError(
-            f"format={format!r} is not a known trace format; use 'auto' or one of {', '.join(FORMATS)}"
-        )
-    cls = INGESTERS[format]
-    import inspect
-
-    accepted = set(inspect.signature(cls.__init__).parameters)
-    return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+        raise ValueError(f"format={format!r} is not a known trace format; use 'auto' or one of {', '.join(FORMATS)}")
+    if format != "claude_code":
+        kwargs.pop("skip_sidechain", None)
+    return INGESTERS[format](**kwargs)
 
 
 def ingest_any(path: str | Path, *, format: str = "auto", **kwargs: Any) -> Iterator[TraceState]:
-    """Ingest ``path`` in any known format (detected from content when ``format="auto"``).
-
-    ``kwargs`` go to the ingester (``system_prompt``, ``max_history_tokens``, ``tokenizer``,
-    ``strip_thinking``, ``skip_sidechain``). Detection and argument errors raise here, before the
-    first state.
+    """Ingest ``path`` in any supported format (detected from its content when ``format="auto"``); ``kwargs``
+    go to the ingester (``system_prompt``, ``max_history_tokens``, ``tokenizer``, ``strip_thinking``,
+    ``skip_sidechain``, ``redact``: on by default). Detection and argument errors raise here, before the first
+    state; a file that yields no state logs a warning.
 
     Raises:
-        ValueError: unknown ``format``, or a file whose format cannot be detected.
+        ValueError: an unknown ``format``, or a file whose format is unsupported (:func:`detect_format`).
     """
-    if format != "auto" and format not in INGESTERS:
-        raise ValueError(
-            f"format={format!r} is not a known trace format; use 'auto' or one of {', '.join(FORMATS)}"
-        )
-    fmt = detect_format(path) if format == "auto" else format
-    return make_ingester(fmt, **kwargs).ingest(Path(path))
+    return make_ingester(detect_format(path) if format == "auto" else format, **kwargs).ingest(Path(path))

@@ -13,6 +13,8 @@ engine's ``StudentConfig`` tree where this config sits under ``loss``.
 
 from __future__ import annotations
 
+import functools
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +26,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 
 
 def check_key(cond: bool, key: str, msg: str) -> None:
-    """Raise ``ValueError("'<key>' <msg>")`` unless ``cond``: the one form of a config check's error."""
+    """``ValueError("'<key>' <msg>")`` unless ``cond``: the one form of a config check's error."""
     if not cond:
         raise ValueError(f"'{key}' {msg}")
 
@@ -34,7 +36,47 @@ def check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
     check_key(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to 200 characters: what an error message shows of a rejected value."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's 4300-digit str() limit
+        text = f"<an int of about {value.bit_length() * 0.30103:.0f} digits>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+@functools.cache
+def _kinds(cls: type) -> dict[str, tuple[Any, ...]]:
+    return {k: typing.get_args(t) or (t,) for k, t in typing.get_type_hints(cls).items()}
+
+
+def check_ranges(config: Any, section: str, ranges: dict[str, str]) -> None:
+    """Each field of ``config`` named in ``ranges`` (``{"lr": "(0, 10]"}``: an interval) holds a number in it: an
+    int (never a bool) for an ``int`` field, a finite number otherwise; every item of a tuple; ``None`` where the
+    annotation allows it. ``ValueError("'<section>.<field>' must be ... in <interval>, got <value>")``."""
+    kinds = _kinds(type(config))
+    for name, interval in ranges.items():
+        value, kind = getattr(config, name), kinds[name]
+        lo, hi = (float(b) for b in interval[1:-1].split(","))
+        for v in value if isinstance(value, tuple | list) else (value,):
+            if v is None and type(None) in kind:
+                continue
+            ok = not isinstance(v, bool) and isinstance(v, int if int in kind else (int, float))
+            ok = ok and (lo < v if interval[0] == "(" else lo <= v) and (v < hi if interval[-1] == ")" else v <= hi)
+            check_key(ok, f"{section}.{name}" if section else name,
+                      f"must be {'an integer' if int in kind else 'a number'} in {interval}, got {shown(value)}")
+
+
 _check, _check_choice = check_key, check_choice
+_LOSS_RANGES = {
+    "epsilon_low": "[0, 1)", "epsilon_high": "[0, 1e6]", "kl_beta": "[0, 100]", "alpha_sdpo": "[0, 1000]",
+    "beta_replay": "[0, 1000]", "rpo_alpha": "[0, 1000]", "sdpo_jsd_beta": "[0, 1]", "sdpo_temperature": "(0, 100]",
+    "sdpo_token_clip": "(0, 1e6]", "sdpo_top_k": "[1, 1e7]", "taid_t_start": "[0, 1]", "taid_t_end": "[0, 1]",
+    "taid_alpha": "[0, 1]", "taid_beta": "[0, 1)", "replay_dpo_beta": "(0, 1000]", "simpo_beta": "(0, 1000]",
+    "simpo_gamma": "[0, 1000]", "entropy_opd_h_max": "(0, 1e6]", "chunk_size": "[1, 1e8]",
+    "lm_ce_label_smoothing": "[0, 1)", "dpo_label_smoothing": "[0, 0.5)",
+}
+"""Every number of the loss tree: its interval (the GRPO fields' too), checked before anything else."""
 
 
 @dataclass(kw_only=True)
@@ -57,10 +99,8 @@ class GRPOLossConfig:
     """Advantage normalisation: by the group std, the batch std, or none (Dr. GRPO)."""
 
     def __post_init__(self) -> None:
-        _check(self.kl_beta >= 0, "loss.kl_beta", f"must be >= 0, got {self.kl_beta!r}")
+        check_ranges(self, "loss", {k: v for k, v in _LOSS_RANGES.items() if k in _kinds(type(self))})
         _check_choice(self.loss_type, "loss.loss_type", LOSS_TYPES)
-        _check(0 <= self.epsilon_low < 1, "loss.epsilon_low", f"must be in [0, 1), got {self.epsilon_low!r}")
-        _check(self.epsilon_high >= 0, "loss.epsilon_high", f"must be >= 0, got {self.epsilon_high!r}")
         _check_choice(self.importance_sampling_level, "loss.importance_sampling_level", IS_LEVELS)
         _check_choice(self.scale_rewards, "loss.scale_rewards", SCALE_REWARDS)
 
@@ -121,48 +161,21 @@ class LossConfig(GRPOLossConfig):
     loss alone loses once it saturates. 0 disables it."""
 
     def __post_init__(self) -> None:
-        for key in ("alpha_sdpo", "beta_replay", "rpo_alpha"):
-            _check(getattr(self, key) >= 0, f"loss.{key}", f"must be >= 0, got {getattr(self, key)!r}")
-        for key in ("replay_dpo_beta", "simpo_beta"):  # the preference losses' temperature: 0 makes them constant
-            _check(getattr(self, key) > 0, f"loss.{key}", f"must be > 0, got {getattr(self, key)!r}")
-        _check(
-            0 <= self.sdpo_jsd_beta <= 1,
-            "loss.sdpo_jsd_beta",
-            f"must be in [0, 1], got {self.sdpo_jsd_beta!r}",
-        )
-        _check(
-            self.sdpo_temperature > 0, "loss.sdpo_temperature", f"must be > 0, got {self.sdpo_temperature!r}"
-        )
-        _check(
-            self.sdpo_token_clip is None or self.sdpo_token_clip > 0,
-            "loss.sdpo_token_clip",
-            f"must be > 0 or null, got {self.sdpo_token_clip!r}",
-        )
-        _check(
-            self.sdpo_top_k is None or self.sdpo_top_k >= 1,
-            "loss.sdpo_top_k",
-            f"must be >= 1 or null, got {self.sdpo_top_k!r}",
-        )
+        super().__post_init__()  # every range (the table), the GRPO choices
         _check_choice(self.sdpo_wrapper, "loss.sdpo_wrapper", ("none", "taid", "entropy_opd"))
-        _check(
-            0 <= self.taid_t_start <= self.taid_t_end <= 1,
-            "loss.taid_t_start",
-            f"and 'loss.taid_t_end' must satisfy 0 <= t_start <= t_end <= 1, got "
-            f"{self.taid_t_start!r} and {self.taid_t_end!r}",
-        )
+        _check(self.taid_t_start <= self.taid_t_end, "loss.taid_t_start",
+               f"and 'loss.taid_t_end' must satisfy 0 <= t_start <= t_end <= 1, got {self.taid_t_start!r} and "
+               f"{self.taid_t_end!r}")
         _check_choice(self.dpo_variant, "loss.dpo_variant", ("dpo", "simpo"))
-        _check(
-            self.entropy_opd_h_max is None or self.entropy_opd_h_max > 0,
-            "loss.entropy_opd_h_max",
-            f"must be > 0 or null, got {self.entropy_opd_h_max!r}",
-        )
-        _check(
-            self.chunk_size is None or (isinstance(self.chunk_size, int) and self.chunk_size >= 1),
-            "loss.chunk_size",
-            f"must be an int >= 1 or null, got {self.chunk_size!r}",
-        )
-        for key in ("lm_ce_label_smoothing", "dpo_label_smoothing"):
-            _check(
-                0 <= getattr(self, key) < 1, f"loss.{key}", f"must be in [0, 1), got {getattr(self, key)!r}"
-            )
-        super().__post_init__()  # the GRPO fields, checked last as before
+
+    def combine(self, policy: Any, distill: Any, replay: Any, *, shares: tuple[float, float, float] = (1.0, 1.0, 1.0)
+                ) -> Any:
+        """The one formula of the total: ``s0 * policy + alpha_sdpo * s1 * distill + beta_replay * s2 * replay``.
+
+        Scalar tensors (``shape=()``) or floats. ``shares``: each channel's share of its denominator when a batch
+        is split into micro-batches (``engine.accumulate``: one step's shares add up to 1 per channel), or
+        ``(1, 1 / GA, 1 / GA)`` in the TRL trainer (TRL's policy loss comes already scaled). ``compose_loss``,
+        the engine and the TRL trainer all use it.
+        """
+        s0, s1, s2 = shares
+        return s0 * policy + self.alpha_sdpo * s1 * distill + self.beta_replay * s2 * replay

@@ -1,9 +1,5 @@
-"""One decoder pass over a sequence batch, and the model-level log-prob helpers built on it.
-
-:class:`SequenceBatch` runs the decoder once over ``ids [B, T]`` and hands the loss components the
-hidden states (chunked path) or the full float32 logits (``chunk_size=None``, the naive reference).
-:func:`token_logprobs_for` / :func:`sequence_logprobs_for` use the same kernel for old, reference and
-DPO log-probs (call them under ``torch.no_grad()``). The batch keys are listed in ``docs/losses.md``.
+"""One decoder pass over a sequence batch (:class:`SequenceBatch`), the batch-key checks (keys: docs/losses.md),
+and the model-level log-probs (old, reference, DPO; under ``torch.no_grad()``) through the training kernel.
 """
 
 from __future__ import annotations
@@ -20,31 +16,19 @@ from composer_replication.losses.logprobs import (
     predicted_positions,
 )
 
-__all__ = [
-    "SequenceBatch",
-    "batch_tensor",
-    "optional_tensor",
-    "distill_index",
-    "token_logprobs_for",
-    "sequence_logprobs_for",
-]
+__all__ = ["SequenceBatch", "batch_tensor", "optional_tensor", "distill_index", "token_logprobs_for", "sequence_logprobs_for"]
 
 
 class SequenceBatch:
-    """One decoder pass over ``ids [B, T]``: hidden states ``[B, T, H]``, and full logits when naive.
-
-    Args:
-        model: causal LM. ids / attn: ``[B, T]`` (``attn`` may be ``None``). head: ``(weight [V, H], bias)``.
-        chunk_size: rows per chunk, or ``None`` for the naive full ``[B, T, V]`` float32 logits.
-        grad: build the graph (when grad is enabled); ``False`` for the no-grad teacher.
-        share_prefix: decode prefixes shared by several rows once (``hidden_states``).
-    """
+    """One decoder pass over ``ids`` / ``attn [B, T]`` (``attn`` may be ``None``): ``hidden [B, T, H]``, and
+    ``full [B, T, V]`` float32 logits when ``chunk_size is None``. ``head = (weight [V, H], bias)``; ``grad=False``
+    for the no-grad teacher; ``share_prefix``: see ``hidden_states``."""
 
     def __init__(self, model, ids, attn, head, chunk_size, *, grad: bool = True, share_prefix: bool = True) -> None:
         self.ids, self.attn, (self.w, self.b), self.chunk_size = ids, attn, head, chunk_size
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             self.hidden = hidden_states(model, ids, attn, share_prefix=share_prefix)  # [B, T, H]
-            self.full = None if chunk_size is not None else F.linear(self.hidden, self.w, self.b).float()
+            self.full = None if chunk_size is not None else F.linear(self.hidden.to(self.w.dtype), self.w, self.b).float()
 
     def rows(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[N, H]`` predicting tokens ``(rows, pos)`` (taken at ``pos - 1``)."""
@@ -53,30 +37,17 @@ class SequenceBatch:
     def token_logprobs(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lp [B, T], valid [B, T])``: aligned log-probs on the predictable tokens of ``mask``, 0 elsewhere."""
         rows, pos = predicted_positions(mask, self.attn)
-        valid = torch.zeros_like(mask, dtype=torch.bool).index_put(
-            (rows, pos), torch.ones_like(rows, dtype=torch.bool)
-        )
-        if self.full is None:
-            lp = chunked_token_logprobs(
-                self.hidden,
-                self.w,
-                self.ids,
-                chunk_size=self.chunk_size,
-                attention_mask=self.attn,
-                mask=mask,
-                bias=self.b,
-            )
-        else:  # naive: log-softmax over the full [B, T, V] logits
-            lp = torch.where(valid, per_token_logprobs(self.full, self.ids), 0.0)
-        return lp, valid
+        valid = torch.zeros_like(mask, dtype=torch.bool).index_put((rows, pos), torch.ones_like(rows, dtype=torch.bool))
+        if self.full is not None:  # naive: log-softmax over the full [B, T, V] logits
+            return torch.where(valid, per_token_logprobs(self.full, self.ids), 0.0), valid
+        return chunked_token_logprobs(self.hidden, self.w, self.ids, chunk_size=self.chunk_size,
+                                      attention_mask=self.attn, mask=mask, bias=self.b), valid
 
 
 def batch_tensor(inputs: dict, key: str, shape: tuple | None = None, what: str = "") -> torch.Tensor:
     """``inputs[key]``; ``ValueError`` naming the key when it is missing or its shape is not ``shape``."""
     if key not in inputs:
-        raise ValueError(
-            f"inputs lacks {key!r}, required {what}; add it to the batch (the batch keys: docs/losses.md)"
-        )
+        raise ValueError(f"inputs lacks {key!r}, required {what}; add it to the batch (the batch keys: docs/losses.md)")
     t = inputs[key]
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"inputs[{key!r}] must have shape {tuple(shape)}; got {tuple(t.shape)}")
@@ -88,67 +59,38 @@ def optional_tensor(inputs: dict, key: str, ids: torch.Tensor) -> torch.Tensor |
     return batch_tensor(inputs, key, ids.shape) if key in inputs else None
 
 
-def distill_index(
-    inputs: dict[str, torch.Tensor], student_ids: torch.Tensor, teacher_ids: torch.Tensor, resp: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(student_index [N, 2], teacher_index [N, 2])`` of the distilled tokens, given or derived from the masks.
-
-    Channel 2 compares position ``student_index[i]`` of ``student_ids [B, T]`` with ``teacher_index[i]`` of
-    ``teacher_ids [B2, Tt]``: given as ``sdpo_student_index`` / ``sdpo_teacher_index``, else the row-major
-    nonzeros of ``resp`` (the response mask) and ``sdpo_loss_mask`` (same count per row, B2 == B).
-
-    Raises:
-        ValueError: malformed or out-of-range indices, per-row counts that differ, or tokens that differ.
-    """
+def distill_index(inputs: dict[str, torch.Tensor], student_ids: torch.Tensor, teacher_ids: torch.Tensor,
+                  resp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(student_index [N, 2], teacher_index [N, 2])`` (row, position) of the distilled tokens: the batch's
+    ``sdpo_student_index`` / ``sdpo_teacher_index``, else the row-major nonzeros of ``resp [B, T]`` and
+    ``sdpo_loss_mask [B, Tt]``. ``ValueError`` for malformed or out-of-range indices, or counts or tokens that differ."""
     if "sdpo_student_index" in inputs or "sdpo_teacher_index" in inputs:
         s_idx = batch_tensor(inputs, "sdpo_student_index", what="with sdpo_teacher_index").long()
         t_idx = batch_tensor(inputs, "sdpo_teacher_index", what="with sdpo_student_index").long()
         if s_idx.dim() != 2 or s_idx.shape[1] != 2 or s_idx.shape != t_idx.shape:
-            raise ValueError(
-                f"sdpo_student_index and sdpo_teacher_index must both be [N, 2]; got {tuple(s_idx.shape)} "
-                f"and {tuple(t_idx.shape)}"
-            )
+            raise ValueError(f"sdpo_student_index and sdpo_teacher_index must both be [N, 2]; got "
+                             f"{tuple(s_idx.shape)} and {tuple(t_idx.shape)}")
     else:
         B = student_ids.shape[0]
         if teacher_ids.shape[0] != B:
-            raise ValueError(
-                f"without sdpo_student_index/sdpo_teacher_index the teacher batch must have B={B} rows; got "
-                f"{teacher_ids.shape[0]}. Pass the index keys."
-            )
-        t_mask = batch_tensor(
-            inputs, "sdpo_loss_mask", teacher_ids.shape, "when the sdpo index keys are absent"
-        )
+            raise ValueError(f"without sdpo_student_index/sdpo_teacher_index the teacher batch must have B={B} rows; "
+                             f"got {teacher_ids.shape[0]}. Pass the index keys.")
+        t_mask = batch_tensor(inputs, "sdpo_loss_mask", teacher_ids.shape, "when the sdpo index keys are absent")
         s_idx, t_idx = resp.nonzero(), t_mask.nonzero()  # row-major
         s_cnt, t_cnt = torch.bincount(s_idx[:, 0], minlength=B), torch.bincount(t_idx[:, 0], minlength=B)
         if not torch.equal(s_cnt, t_cnt):
-            raise ValueError(
-                f"per-row counts of response_mask {s_cnt.tolist()} and sdpo_loss_mask {t_cnt.tolist()} differ; "
-                "the teacher must hold exactly the student's response tokens, or pass sdpo_student_index and "
-                "sdpo_teacher_index."
-            )
-    for name, idx, ids in (
-        ("sdpo_student_index", s_idx, student_ids),
-        ("sdpo_teacher_index", t_idx, teacher_ids),
-    ):
-        if idx.numel() and not (
-            (idx[:, 0] >= 0).all()
-            and (idx[:, 0] < ids.shape[0]).all()
-            and (idx[:, 1] >= 1).all()
-            and (idx[:, 1] < ids.shape[1]).all()
-        ):
-            raise ValueError(
-                f"{name} out of range for ids of shape {tuple(ids.shape)} (positions must be >= 1)"
-            )
+            raise ValueError(f"per-row counts of response_mask {s_cnt.tolist()} and sdpo_loss_mask {t_cnt.tolist()} "
+                             "differ; the teacher must hold exactly the student's response tokens, or pass "
+                             "sdpo_student_index and sdpo_teacher_index.")
+    for name, idx, ids in (("sdpo_student_index", s_idx, student_ids), ("sdpo_teacher_index", t_idx, teacher_ids)):
+        rows, pos = idx[:, 0], idx[:, 1]
+        if idx.numel() and not ((rows >= 0) & (rows < ids.shape[0]) & (pos >= 1) & (pos < ids.shape[1])).all():
+            raise ValueError(f"{name} out of range for ids of shape {tuple(ids.shape)} (positions must be >= 1)")
     same = student_ids[s_idx[:, 0], s_idx[:, 1]] == teacher_ids[t_idx[:, 0], t_idx[:, 1]]
     if not bool(same.all()):
-        raise ValueError(
-            f"{int((~same).sum())} of {same.numel()} distilled tokens differ between the student and teacher "
-            "sequences; the teacher sequence must end with exactly the student's response tokens."
-        )
+        raise ValueError(f"{int((~same).sum())} of {same.numel()} distilled tokens differ between the student and "
+                         "teacher sequences; the teacher sequence must end with exactly the student's response tokens.")
     return s_idx, t_idx
-
-
-# ---------------------------------------------------------------------------- log-prob helpers
 
 
 def token_logprobs_for(
@@ -161,28 +103,12 @@ def token_logprobs_for(
     temperature: float = 1.0,
     share_prefix: bool = True,
 ) -> torch.Tensor:
-    """Per-token log-probs ``[B, T]`` (aligned: position 0 and positions outside ``response_mask`` are 0).
-
-    The same kernel as :func:`compose_loss`; call it under ``torch.no_grad()`` for old/reference log-probs.
-
-    Args:
-        model: causal LM. input_ids: ``[B, T]``. attention_mask: ``[B, T]`` or ``None``.
-        response_mask: ``[B, T]`` positions wanted (``None``: every real token).
-        chunk_size: rows per chunk (``None`` = naive). temperature: softmax temperature.
-        share_prefix: decode prefixes shared by several rows once (``hidden_states``).
-    """
+    """Aligned log-probs ``[B, T]`` of ``input_ids [B, T]`` under ``model`` (0 at position 0 and outside
+    ``response_mask [B, T]``), by the kernel ``compose_loss`` trains with (``share_prefix``: ``hidden_states``)."""
     weight, bias = output_head(model)
     hidden = hidden_states(model, input_ids, attention_mask, share_prefix=share_prefix)
-    return chunked_token_logprobs(
-        hidden,
-        weight,
-        input_ids,
-        chunk_size=chunk_size,
-        temperature=temperature,
-        attention_mask=attention_mask,
-        mask=response_mask,
-        bias=bias,
-    )
+    return chunked_token_logprobs(hidden, weight, input_ids, chunk_size=chunk_size, temperature=temperature,
+                                  attention_mask=attention_mask, mask=response_mask, bias=bias)
 
 
 def sequence_logprobs_for(
@@ -194,18 +120,7 @@ def sequence_logprobs_for(
     chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Summed response log-probs ``[B]`` (e.g. DPO reference log-probs under ``torch.no_grad()``).
-
-    Args:
-        model: causal LM. input_ids / response_mask / attention_mask: ``[B, T]``.
-        chunk_size: rows per chunk (``None`` = naive). temperature: softmax temperature.
-    """
-    lp = token_logprobs_for(
-        model,
-        input_ids,
-        attention_mask,
-        response_mask=response_mask,
-        chunk_size=chunk_size,
-        temperature=temperature,
-    )
-    return lp.sum(-1)
+    """Summed response log-probs ``[B]`` (e.g. DPO reference log-probs, under ``torch.no_grad()``); arguments as
+    :func:`token_logprobs_for`."""
+    return token_logprobs_for(model, input_ids, attention_mask, response_mask=response_mask, chunk_size=chunk_size,
+                              temperature=temperature).sum(-1)

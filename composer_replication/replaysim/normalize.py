@@ -1,339 +1,285 @@
-"""replaysim: normalise teacher-replay DPO pairs with a data-juicer-style recipe (ADR-004).
-
-Pipeline: ``replay_trace`` (teachers answer each frozen state) -> ``extract_dpo_pairs`` (consensus
-vs. student) -> ``DJNormalizer.normalize`` (filters and dedup) -> ``NormalizedDPOPair``.
-
-Each pair becomes a record with the chosen and rejected actions as flat strings (``chosen``,
-``rejected``, and ``text = chosen + "\\n" + rejected``) beside the chat-message lists, so a
-data-juicer recipe runs unchanged. The default ``backend="native"`` runs the operators of
-``composer_replication.replaysim.ops``; ``backend="data_juicer"`` runs the real data-juicer, which is
-never a dependency (it installs packages while running; see ``docs/replaysim.md``).
+"""replaysim: filter preference pairs with a data-juicer-shaped recipe (``docs/replaysim.md``). The native
+operators (``default.yaml``'s: :func:`degeneracy`'s filter, ``text_length_filter``, ``document_deduplicator``)
+read a ``PreferencePair``'s ``chosen``, ``rejected`` or ``text``; others run under data-juicer when it is
+importable (never a dependency). A rollout-rejected pair skips rejected-side rules; dedup is by state + chosen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
+import string
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
 from composer_replication import teacher_replay
-from composer_replication.replaysim.degenerate import RULES, degeneracy
-from composer_replication.replaysim.ops import NATIVE_OPS, REPLAYSIM_OPS, action_limits, dedup_hash, op_keep
-from composer_replication.replaysim.recipe import OpSpec, Recipe, load_recipe, resolve_ops
-from composer_replication.teacher_replay import recorded as recorded_teacher
+from composer_replication.actions import TOOL_USE_PREFIX, canonical_action, parse_action
 from composer_replication.types import PreferencePair, TeacherCallResult
 
-__all__ = [
-    "NormalizedDPOPair",
-    "DroppedPair",
-    "NormalizeReport",
-    "DJNormalizer",
-    "replay_and_normalize_trace",
-    "replay_and_normalize_trace_sync",
-]
+__all__ = ["NormalizedDPOPair", "DJNormalizer", "DroppedPair", "NormalizeReport", "RecipeError", "RULES",
+           "Degeneracy", "degeneracy", "replay_and_normalize_trace", "replay_and_normalize_trace_sync"]
 
 log = logging.getLogger(__name__)
+NormalizedDPOPair = PreferencePair  # the spec's name of a pair after normalisation (its metadata annotated)
 
-_BACKENDS = ("native", "data_juicer")
-_REQUIRED = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
-_DJ_HINT = "pip install py-data-juicer"
-
-
-NormalizedDPOPair = PreferencePair
-"""The spec's name for a pair after normalisation: the one :class:`~composer_replication.types.PreferencePair`
-record, its ``metadata`` annotated with the backend, the recipe and the operators that ran (or
-``{"skipped": True}``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DroppedPair:
-    """Why one input pair was dropped."""
-
-    index: int
-    """Position of the pair in the input of ``normalize``."""
-    state_id: str
-    """The pair's state id."""
-    op: str
-    """The operator that dropped it (``"data_juicer"`` when that backend cannot say)."""
-    reason: str
-    """A readable reason, e.g. ``"text_length_filter on chosen: len=0 outside [1, 20000]"``."""
-    kind: str = ""
-    """The count key: the broken rule for ``degenerate_action_filter`` (``empty``, ``truncated_call``,
-    ``repetition``, ``text_for_call``), else the operator (``text_length_filter``, ``document_deduplicator``...)."""
+RULES = ("empty", "truncated_call", "repetition", "text_for_call")  # in checking order: the drop kinds
+LIMITS = {"ngram_size": 3, "max_ngram_repeat_ratio": 0.3, "min_ngrams": 4, "min_sentence_words": 3,
+          "max_unit_repeats": 20}  # repetition: of word n-grams, of sentences, of a 1-10 character unit
+_NAME, _SENTENCE = re.compile(r"^[A-Za-z_][\w.\-]*$"), re.compile(r"(?<=[.!?])\s+|\n+")
+_WORD, _NON_CHARACTER = re.compile(r"[^\W_]+(?:['’][^\W_]+)*|\S"), re.compile(rf"\s+|\d+|[{re.escape(string.punctuation)}]")
+Degeneracy = collections.namedtuple("Degeneracy", "rule detail")  # the rule broken, and a readable detail
+DroppedPair = collections.namedtuple("DroppedPair", "index state_id op reason kind", defaults=("",))  # kind: the rule
 
 
-@dataclass(kw_only=True)
+class RecipeError(ValueError):
+    """A recipe that is not valid YAML, has the wrong shape, or names unknown operators or arguments."""
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w[0].isalnum()]
+
+
+def degeneracy(action: str, *, recorded_action: str | None = None, **limits: Any) -> Degeneracy | None:
+    """The first rule ``action`` breaks, or ``None``: ``empty`` (no text, no call), ``truncated_call`` (arguments
+    that are not one JSON object, a bad tool name, a cut ``[TOOL_USE`` marker), ``repetition`` (of its text, never
+    of a well-formed call's arguments; one call twice), ``text_for_call`` (text where ``recorded_action`` calls a
+    tool). ``limits``: :data:`LIMITS` overrides (``ValueError`` for an unknown or out-of-range one)."""
+    if not isinstance(action, str):
+        raise ValueError(f"an action must be text, got {type(action).__name__}")
+    lim = {**LIMITS, **limits}
+    if set(lim) != set(LIMITS) or not 0 <= lim["max_ngram_repeat_ratio"] < 1 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 + (k != "min_ngrams")
+            for k, v in lim.items() if k != "max_ngram_repeat_ratio"):
+        raise ValueError(f"degeneracy limits: unknown or out of range in {limits}; integers >= 2 (min_ngrams >= 1), "
+                         "max_ngram_repeat_ratio must be in [0, 1)")
+    blocks = parse_action(action)
+    calls, texts = [b for b in blocks if b.kind == "tool_use"], [b.text for b in blocks if b.kind == "text"]
+    if not calls and not any(t.strip() for t in texts):
+        return Degeneracy("empty", "no text and no tool call")
+    for c in calls:
+        if not _NAME.match(c.name) or not c.arguments_valid:
+            return Degeneracy("truncated_call", f"tool {c.name[:40]!r}: a bad name, or arguments that are not one "
+                                                f"JSON object: {c.text[:60]!r}")
+    tail = blocks[-1].text.rstrip() if blocks[-1].kind == "text" else ""
+    if any("[TOOL_USE" in t for t in texts) or any(tail.endswith(TOOL_USE_PREFIX[:k]) for k in range(3, 17)):
+        return Degeneracy("truncated_call", "a [TOOL_USE marker cut off before its name= and input=")
+    if len({canonical_action(f"{TOOL_USE_PREFIX}{c.name} input={c.text}") for c in calls}) < len(calls):
+        return Degeneracy("repetition", "the same tool call twice")
+    text, seen = "\n".join(t for t in texts if t.strip()), set()
+    if run := re.search(r"(.{1,10}?)\1{" + str(lim["max_unit_repeats"] - 1) + ",}", text, re.DOTALL):
+        return Degeneracy("repetition", f"{run.group(1)!r} repeated {len(run.group(0)) // len(run.group(1))} times")
+    for sentence in _SENTENCE.split(text):
+        if len(words := _words(sentence)) >= lim["min_sentence_words"]:
+            if " ".join(words) in seen:
+                return Degeneracy("repetition", f"the sentence {sentence.strip()[:60]!r} twice")
+            seen.add(" ".join(words))
+    words, n = _words(text), lim["ngram_size"]
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    if len(grams) >= lim["min_ngrams"] and (share := 1 - len(set(grams)) / len(grams)) > lim["max_ngram_repeat_ratio"]:
+        return Degeneracy("repetition", f"{share:.2f} of its word {n}-grams repeat")
+    if recorded_action is not None and not calls and any(b.kind == "tool_use" for b in parse_action(recorded_action)):
+        return Degeneracy("text_for_call", "plain text where the recorded action calls a tool")
+    return None
+
+
+_OPS: dict[str, dict[str, Any]] = {  # the native operators and their arguments' defaults (data-juicer's)
+    "degenerate_action_filter": {**LIMITS, "check_text_for_call": True},
+    "text_length_filter": {"min_len": 10, "max_len": sys.maxsize},
+    "document_deduplicator": {"lowercase": False, "ignore_non_character": False},
+}
+
+
+@dataclasses.dataclass
 class NormalizeReport:
-    """What the last ``normalize`` call did."""
+    """What the last ``normalize`` did (``backend``: ``native``, ``data_juicer`` or ``skipped``)."""
 
     backend: str
-    """``"native"``, ``"data_juicer"`` or ``"skipped"``."""
     recipe: str | None
-    """The recipe path (``None`` when skipped)."""
     n_in: int
-    """Pairs received."""
     n_out: int
-    """Pairs kept."""
-    ops: list[str] = field(default_factory=list)
-    """Operators run, in order."""
-    dropped: list[DroppedPair] = field(default_factory=list)
-    """One entry per dropped pair."""
+    ops: list[str] = dataclasses.field(default_factory=list)
+    dropped: list[DroppedPair] = dataclasses.field(default_factory=list)
 
     def drop_counts(self, prefix: str = "") -> dict[str, int]:
-        """Dropped pairs per :attr:`DroppedPair.kind` (e.g. ``{"replay/dropped/repetition": 3}`` with
-        ``prefix="replay/dropped/"``), keys sorted; every rule of ``degenerate_action_filter`` and every other
-        operator that ran is listed, with 0 when it dropped nothing."""
-        kinds = [k for op in dict.fromkeys(self.ops) for k in (RULES if op in REPLAYSIM_OPS else (op,))]
-        counts: dict[str, int] = {prefix + k: 0 for k in kinds}
-        for d in self.dropped:
-            key = prefix + (d.kind or d.op)
-            counts[key] = counts.get(key, 0) + 1
+        """Drops per kind, sorted, every kind that ran listed (``{"replay/dropped/repetition": 3, ...}``)."""
+        counts = collections.Counter({prefix + k: 0 for op in self.ops for k in
+                                      (RULES if op == "degenerate_action_filter" else (op,))})
+        counts.update(prefix + (d.kind or d.op) for d in self.dropped)
         return dict(sorted(counts.items()))
 
 
-def _record(i: int, pair: PreferencePair | Mapping[str, Any]) -> tuple[PreferencePair, dict[str, Any]]:
-    """The pair (read with ``PreferencePair.from_mapping``) and the flat text record the operators read.
-
-    ``recorded`` is the state's recorded action: ``metadata["recorded_action"]`` (set by
-    ``extract_dpo_pairs``), else the rejected side unless that is a student sample (then unknown: ``None``).
-    """
-    pair = PreferencePair.from_mapping(pair, where=f"pairs[{i}]")
-    chosen, rejected = pair.chosen, pair.rejected
-    recorded = pair.metadata.get("recorded_action")
-    if not isinstance(recorded, str):
-        recorded = None if recorded_teacher.is_student_sample(pair) else rejected
-    return pair, {"state_id": pair.state_id, "chosen": chosen, "rejected": rejected, "text": f"{chosen}\n{rejected}",
-                  "recorded": recorded}
-
-
-def _annotated(pair: PreferencePair, metadata: dict[str, Any]) -> PreferencePair:
-    """``pair`` with ``metadata`` merged into its own (the normalizer annotates; it never converts)."""
-    return dataclasses.replace(pair, metadata={**pair.metadata, **metadata})
+def _text(pair: PreferencePair, key: str) -> str | None:
+    """What an operator reads of ``pair``: ``chosen``, ``rejected`` (``None`` from the rollouts) or ``text``."""
+    if key == "chosen" or (key == "rejected" and pair.rejected_from_rollout):
+        return pair.chosen if key == "chosen" else None
+    if pair.rejected_from_rollout:
+        return json.dumps(pair.state_messages, sort_keys=True, ensure_ascii=False) + "\n" + pair.chosen
+    return pair.rejected if key == "rejected" else f"{pair.chosen}\n{pair.rejected}"
 
 
 class DJNormalizer:
-    """Normalise DPO pairs with a data-juicer-shaped recipe.
+    """Filter pairs with a recipe (``None``: :attr:`DEFAULT_RECIPE`); ``skip_dj`` passes them through (``metadata
+    ["skipped"]``), reading no recipe. ``FileNotFoundError``: no recipe; ``RecipeError``: a malformed recipe, a bad
+    argument, or an operator that is not native while data-juicer is not installed (named, with the fix)."""
 
-    Args:
-        recipe_path: the YAML recipe; ``None`` means ``DJNormalizer.DEFAULT_RECIPE``.
-        skip_dj: pass pairs through unchanged with ``metadata={"skipped": True}``; no recipe is read.
-        backend: ``"native"`` (built-in operators, the default) or ``"data_juicer"`` (the real
-            data-juicer, which must be installed: ``pip install py-data-juicer``).
+    DEFAULT_RECIPE: ClassVar[Path] = Path(__file__).with_name("default.yaml")
 
-    Raises:
-        FileNotFoundError: the recipe does not exist (unless ``skip_dj``).
-        ValueError: an unknown backend, or a malformed recipe (``RecipeError`` names the operator/key).
-        RuntimeError: ``backend="data_juicer"`` but data-juicer is not importable.
-    """
-
-    DEFAULT_RECIPE: ClassVar[Path] = Path(str(files("composer_replication.replaysim") / "default.yaml"))
-
-    def __init__(
-        self,
-        recipe_path: str | os.PathLike[str] | None = None,
-        *,
-        skip_dj: bool = False,
-        backend: str = "native",
-    ) -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-        self.backend = backend
-        self.skip_dj = skip_dj
-        self.recipe_path = Path(recipe_path) if recipe_path is not None else self.DEFAULT_RECIPE
-        self.recipe: Recipe | None = None
-        self.ops: list[OpSpec] = []
+    def __init__(self, recipe_path: str | os.PathLike[str] | None = None, *, skip_dj: bool = False) -> None:
+        self.recipe_path, self.skip_dj = Path(recipe_path or self.DEFAULT_RECIPE).expanduser(), skip_dj
+        self.ops: list[tuple[str, str, dict[str, Any]]] = []  # (operator, text_key, arguments), run natively
+        self.dj: list[dict[str, Any]] = []  # the steps handed to data-juicer (a recipe with foreign operators)
         self.last_report: NormalizeReport | None = None
         if skip_dj:
             return
-        self.recipe = load_recipe(self.recipe_path)
-        if backend == "native":
-            self.ops = resolve_ops(self.recipe)
-            bad = [op for op in self.ops if op.text_key not in ("chosen", "rejected", "text")]
-            if bad:
-                raise ValueError(
-                    f"recipe {self.recipe_path}: process[{bad[0].index}] ({bad[0].name}) reads text_key "
-                    f"{bad[0].text_key!r}; records have 'chosen', 'rejected' and 'text' (chosen + newline + rejected)"
-                )
-        else:
-            if importlib.util.find_spec("data_juicer") is None:
-                raise RuntimeError(f"backend='data_juicer' needs data-juicer, which is not installed: {_DJ_HINT}")
-            own = [step for step in self.recipe.process if step[0] in REPLAYSIM_OPS]  # run natively first
-            self.ops = resolve_ops(dataclasses.replace(self.recipe, process=own))
+        if not self.recipe_path.is_file():
+            raise FileNotFoundError(f"replaysim recipe not found: {self.recipe_path} (pass recipe_path=... or skip_dj=True)")
+        where = f"recipe {self.recipe_path}"
+        try:
+            self.raw = yaml.safe_load(self.recipe_path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"{where} is not valid YAML: {exc}") from None
+        steps = self.raw.get("process") if isinstance(self.raw, dict) else None
+        keys = self.raw.get("text_keys", "text") if isinstance(steps, list) else None
+        if not isinstance(steps, list) or not (default := keys[0] if isinstance(keys, list) and keys else keys) \
+                or not isinstance(default, str):
+            raise RecipeError(f"{where} must be a YAML mapping with a 'process' list of operators and text_keys a "
+                              f"string or a list of them (got {type(self.raw).__name__}, text_keys {keys!r})")
+        foreign = any(isinstance(s, dict) and next(iter(s), None) not in _OPS for s in steps)
+        for i, step in enumerate(steps):
+            ((name, args),) = step.items() if isinstance(step, dict) and len(step) == 1 else ((None, None),)
+            if not isinstance(name, str) or not isinstance(args, dict | None):
+                raise RecipeError(f"{where}: process[{i}] must be '- op_name: {{arguments}}' (one operator name, "
+                                  f"its arguments a mapping), got {step!r:.80}")
+            if name not in _OPS and importlib.util.find_spec("data_juicer") is None:
+                raise RecipeError(f"{where}: process[{i}] uses {name!r}, which is not a native operator ("
+                                  f"{sorted(_OPS)}) and data-juicer is not installed: install it (pip install "
+                                  "py-data-juicer) or remove the operator")
+            if foreign and name != "degenerate_action_filter":  # data-juicer checks its own operators
+                self.dj.append({name: args})
+                continue
+            args, here = dict(args or {}), f"{where}: process[{i}] ({name})"
+            if (key := args.pop("text_key", default)) not in ("chosen", "rejected", "text"):
+                raise RecipeError(f"{here} reads text_key {key!r}; pairs have 'chosen', 'rejected' and 'text'")
+            self.ops.append((name, key, self._args(here, name, args)))
 
-    def normalize_report(self) -> NormalizeReport | None:
-        """The report of the last ``normalize`` call (``None`` before the first)."""
-        return self.last_report
+    @staticmethod
+    def _args(here: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        if unknown := sorted(set(args) - set(_OPS[name]) - {"batch_size", "num_proc"}):  # data-juicer's hints
+            raise RecipeError(f"{here}: unknown argument(s) {unknown}; accepted: {sorted(_OPS[name])} and text_key")
+        full = {k: args.get(k, v) for k, v in _OPS[name].items()}
+        for k, v in full.items():
+            kind = (int, float) if isinstance(_OPS[name][k], float) else type(_OPS[name][k])
+            if not isinstance(v, kind) or (kind is not bool and (isinstance(v, bool) or v < 0)):
+                raise RecipeError(f"{here}: argument {k} must be {getattr(kind, '__name__', 'a number')}"
+                                  f"{'' if kind is bool else ' >= 0'}, got {v!r}")
+        if full.get("min_len", 0) > full.get("max_len", 1):
+            raise RecipeError(f"{here}: min_len={full['min_len']} is greater than max_len={full['max_len']}")
+        if name == "degenerate_action_filter":
+            try:
+                degeneracy("ok", **{k: full[k] for k in LIMITS})
+            except ValueError as exc:
+                raise RecipeError(f"{here}: {exc}") from None
+        return full
 
     def normalize(self, pairs: Iterable[PreferencePair | Mapping[str, Any]]) -> list[PreferencePair]:
-        """Filter ``pairs`` with the recipe; the output keeps input order and may be shorter.
-
-        Pairs are :class:`~composer_replication.types.PreferencePair` records (spec ``DPOPair`` dicts are read
-        with ``PreferencePair.from_mapping``); kept pairs come back as the same records with their
-        ``metadata`` annotated.
-
-        Raises:
-            ValueError: a pair that lacks a key or has an empty action.
-        """
-        read = [_record(i, p) for i, p in enumerate(pairs)]
-        items, records = [p for p, _ in read], [r for _, r in read]
+        """The pairs the recipe keeps, in input order, their ``metadata`` annotated (``backend``, ``recipe``,
+        ``ops``, ``source_index``); ``DPOPair`` dicts are read with ``PreferencePair.from_mapping`` (its
+        ``ValueError`` for a malformed one)."""
+        items = [PreferencePair.from_mapping(p, where=f"pairs[{i}]") for i, p in enumerate(pairs)]
         if self.skip_dj:
-            self.last_report = NormalizeReport(backend="skipped", recipe=None, n_in=len(records), n_out=len(records))
-            return [_annotated(p, {"skipped": True}) for p in items]
-        if self.backend == "native":
-            kept, meta = self._normalize_native(records)
-        else:
-            kept, meta = self._normalize_data_juicer(records)
-        return [_annotated(items[i], {**meta, "ops": [dict(o) for o in meta["ops"]], "source_index": i})
-                for i in kept]
+            self.last_report = NormalizeReport("skipped", None, len(items), len(items))
+            return [dataclasses.replace(p, metadata={**p.metadata, "skipped": True}) for p in items]
+        alive, dropped = self._native(items)
+        ran = [{"op": name, "text_key": key, "backend": "native"} for name, key, _ in self.ops]
+        if self.dj:
+            alive, dropped = self._data_juicer(items, alive, dropped)
+            ran += [{"op": next(iter(step)), "backend": "data_juicer"} for step in self.dj]
+        meta = {"backend": "data_juicer" if self.dj else "native", "recipe": str(self.recipe_path), "ops": ran}
+        self.last_report = NormalizeReport(meta["backend"], meta["recipe"], len(items), len(alive),
+                                           [o["op"] for o in ran], sorted(dropped, key=lambda d: d.index))
+        return [dataclasses.replace(items[i], metadata={**items[i].metadata, **meta, "source_index": i}) for i in alive]
 
-    # ------------------------------------------------------------------------------------------
-    def _apply_native(self, records: list[dict[str, Any]]) -> tuple[list[int], list[DroppedPair]]:
-        """Run ``self.ops`` natively: the surviving record indices and the drops."""
-        alive = list(range(len(records)))
-        dropped: list[DroppedPair] = []
-        for op in self.ops:
-            kept: list[int] = []
-            seen: dict[str, int] = {}
-            kind = NATIVE_OPS[op.name].kind
+    def _native(self, items: list[PreferencePair]) -> tuple[list[int], list[DroppedPair]]:
+        alive, dropped = list(range(len(items))), []
+        for name, key, a in self.ops:
+            kept, seen = [], {}
             for i in alive:
-                text, label = records[i][op.text_key], op.name
-                if kind == "deduplicator":
-                    first = seen.setdefault(dedup_hash(text, op.args), i)
-                    ok, why = first == i, f"duplicate of pair #{first} ({records[first]['state_id']})"
-                elif kind == "action_filter":
-                    recorded = records[i]["recorded"] if op.args["check_text_for_call"] else None
-                    bad = degeneracy(text, recorded_action=recorded, limits=action_limits(op.args))
-                    ok, why = bad is None, f"{bad.rule}: {bad.detail}" if bad else ""
-                    label = bad.rule if bad else label
-                else:
-                    ok, why = op_keep(op.name, text, op.args)
-                if ok:
+                pair, text, kind, why = items[i], _text(items[i], key), name, None
+                if text is None:  # a rejected side drawn from the rollouts: nothing to judge here
+                    pass
+                elif name == "degenerate_action_filter":
+                    recorded = pair.metadata.get("recorded_action")  # else, for frontier pairs, the rejected side
+                    recorded = recorded if isinstance(recorded, str) else None if pair.rejected_from_rollout else pair.rejected
+                    bad = degeneracy(text, recorded_action=recorded if a["check_text_for_call"] else None,
+                                     **{k: a[k] for k in LIMITS})
+                    kind, why = (bad.rule, f"{bad.rule}: {bad.detail}") if bad else (name, None)
+                elif name == "text_length_filter" and not a["min_len"] <= len(text) <= a["max_len"]:
+                    why = f"len={len(text)} outside [{a['min_len']}, {'inf' if a['max_len'] == sys.maxsize else a['max_len']}]"
+                elif name == "document_deduplicator":  # md5 of the normalised, stripped text; the first is kept
+                    text = _NON_CHARACTER.sub("", text) if a["ignore_non_character"] else text
+                    digest = hashlib.md5((text.lower() if a["lowercase"] else text).strip().encode()).hexdigest()
+                    if (first := seen.setdefault(digest, i)) != i:
+                        why = f"duplicate of pair #{first} ({items[first].state_id})"
+                if why is None:
                     kept.append(i)
                 else:
-                    dropped.append(DroppedPair(index=i, state_id=records[i]["state_id"], op=op.name,
-                                               reason=f"{op.name} on {op.text_key}: {why}", kind=label))
+                    dropped.append(DroppedPair(i, pair.state_id, name, f"{name} on {key}: {why}", kind))
             alive = kept
         return alive, dropped
 
-    def _normalize_native(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
-        alive, dropped = self._apply_native(records)
-        ran = [{"op": op.name, "text_key": op.text_key, "backend": "native"} for op in self.ops]
-        meta = {"backend": "native", "recipe": str(self.recipe_path), "ops": ran}
-        self.last_report = NormalizeReport(
-            backend="native", recipe=str(self.recipe_path), n_in=len(records), n_out=len(alive),
-            ops=[op.name for op in self.ops], dropped=sorted(dropped, key=lambda d: d.index),
-        )
-        return alive, meta
+    def _data_juicer(self, items: list[PreferencePair], alive: list[int],
+                     dropped: list[DroppedPair]) -> tuple[list[int], list[DroppedPair]]:
+        from data_juicer.config import init_configs
+        from data_juicer.core import DefaultExecutor
 
-    def _normalize_data_juicer(self, records: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
-        try:
-            from data_juicer.config import init_configs
-            from data_juicer.core import DefaultExecutor
-        except ImportError as exc:
-            raise RuntimeError(f"backend='data_juicer' could not import data-juicer ({exc}): {_DJ_HINT}") from exc
-        alive, pre_dropped = self._apply_native(records)  # replaysim's own operators, natively
-        process = [step for step in self.recipe.raw.get("process", []) if next(iter(step)) not in REPLAYSIM_OPS]
         with tempfile.TemporaryDirectory(prefix="replaysim_dj_") as tmp:
-            data, out, cfg_path = Path(tmp) / "pairs.jsonl", Path(tmp) / "out" / "result.jsonl", Path(tmp) / "recipe.yaml"
-            with data.open("w", encoding="utf-8") as f:
-                for i in alive:
-                    f.write(json.dumps({**records[i], "_replaysim_index": i}) + "\n")
-            cfg = {"np": 1, **self.recipe.raw, "process": process, "dataset_path": str(data), "export_path": str(out)}
-            cfg_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-            DefaultExecutor(init_configs(args=["--config", str(cfg_path)])).run()
-            kept_idx = []
-            if out.exists():
-                for line in out.read_text(encoding="utf-8").splitlines():
-                    if line.strip():
-                        kept_idx.append(int(json.loads(line)["_replaysim_index"]))
-        ops = [name for name, _ in self.recipe.process]
-        kept_set = set(kept_idx)
-        dropped = pre_dropped + [
-            DroppedPair(index=i, state_id=records[i]["state_id"], op="data_juicer",
-                        reason="dropped by data-juicer (this backend does not report the operator)")
-            for i in alive if i not in kept_set]
-        self.last_report = NormalizeReport(backend="data_juicer", recipe=str(self.recipe_path),
-                                           n_in=len(records), n_out=len(kept_idx), ops=ops,
-                                           dropped=sorted(dropped, key=lambda d: d.index))
-        ran = [{"op": name, "backend": "native" if name in REPLAYSIM_OPS else "data_juicer"} for name in ops]
-        return sorted(kept_set), {"backend": "data_juicer", "recipe": str(self.recipe_path), "ops": ran}
+            data, out, cfg = Path(tmp) / "pairs.jsonl", Path(tmp) / "out" / "result.jsonl", Path(tmp) / "recipe.yaml"
+            data.write_text("".join(json.dumps({  # a rollout pair's rejected side: its chosen (rejected rules pass)
+                "state_id": items[i].state_id, "chosen": items[i].chosen, "text": _text(items[i], "text"),
+                "rejected": _text(items[i], "rejected") or items[i].chosen, "_replaysim_index": i}) + "\n"
+                for i in alive), encoding="utf-8")
+            config = {"np": 1, **self.raw, "process": self.dj, "dataset_path": str(data), "export_path": str(out)}
+            cfg.write_text(yaml.safe_dump(config), encoding="utf-8")
+            DefaultExecutor(init_configs(args=["--config", str(cfg)])).run()
+            lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
+        kept = {int(json.loads(line)["_replaysim_index"]) for line in lines if line.strip()}
+        return sorted(kept), dropped + [DroppedPair(i, items[i].state_id, "data_juicer", "dropped by data-juicer")
+                                        for i in alive if i not in kept]
 
 
-# ----------------------------------------------------------------------------------------------
-# End to end: replay -> pairs -> normalise
-# ----------------------------------------------------------------------------------------------
 async def replay_and_normalize_trace(
-    *,
-    states: Any,
-    teachers: Any = None,
-    agreement_threshold: int = 2,
-    max_total_usd: float = 5.0,
-    normalizer: DJNormalizer | None = None,
-    **replay_kwargs: Any,
+    *, states: Any, teachers: Any = None, agreement_threshold: int = 2, max_total_usd: float = 5.0,
+    normalizer: DJNormalizer | None = None, rejected_from_rollout: bool | None = None, **replay_kwargs: Any,
 ) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
-    """Replay ``states`` against the teachers, extract consensus pairs and normalise them.
-
-    ``teachers=None`` uses ``teacher_replay``'s defaults; ``replay_kwargs`` (e.g. ``api_key``) go to
-    ``replay_trace``; ``normalizer=None`` builds ``DJNormalizer()`` (the default recipe, native ops).
-    With ``student=`` (a ``local:<model>`` slug or a ``LocalTeacher``; needed by the ``recorded`` teacher) and
-    optionally ``student_sampling=``, the student's own sampled actions are the rejected side
-    (``teacher_replay.recorded``).
-
-    Returns:
-        ``(raw_teacher_results, normalized_pairs)``.
-    """
+    """``replay_trace`` -> ``extract_dpo_pairs`` -> ``normalizer.normalize`` (default ``DJNormalizer()``);
+    ``teachers=None``: ``replay_trace``'s defaults; ``replay_kwargs`` go to ``replay_trace``;
+    ``rejected_from_rollout=None``: True when the teachers include ``recorded``. Returns ``(results, pairs)``."""
     if normalizer is not None and not isinstance(normalizer, DJNormalizer):
         raise TypeError(f"normalizer must be a DJNormalizer or None, got {type(normalizer).__name__}")
-    normalizer = normalizer if normalizer is not None else DJNormalizer()
     if teachers is not None:
         replay_kwargs["teachers"] = teachers
-    student_kwargs: dict[str, Any] = {}
-    if replay_kwargs.get("student") is not None:  # one student model for the replay and the samples
-        student, sampling = _student(replay_kwargs)
-        replay_kwargs.update(student=student, student_sampling=sampling)
-        samples = await asyncio.to_thread(recorded_teacher.sample_student_actions, student, list(states), sampling)
-        student_kwargs = {"student_actions": samples, "student_meta": sampling.metadata(0)}
+    if rejected_from_rollout is None:
+        rejected_from_rollout = any(isinstance(t, dict) and t.get("slug") == "recorded" for t in teachers or ())
     raw = await teacher_replay.replay_trace(states, max_total_usd=max_total_usd, **replay_kwargs)
-    pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold, **student_kwargs)
-    normalized = normalizer.normalize(pairs)
+    pairs = teacher_replay.extract_dpo_pairs(states, raw, agreement_threshold=agreement_threshold,
+                                             rejected_from_rollout=rejected_from_rollout)
+    normalized = (normalizer or DJNormalizer()).normalize(pairs)
     log.info("replaysim: %d teacher results, %d pairs, %d after normalisation", len(raw), len(pairs), len(normalized))
     return raw, normalized
 
 
-def _student(replay_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """The ``student`` of ``replay_kwargs`` as a ``LocalTeacher`` and its ``StudentSampling`` (default settings)."""
-    from composer_replication.teacher_replay.local import LocalTeacher, local_model_name
-
-    student = replay_kwargs["student"]
-    if isinstance(student, str):
-        student = LocalTeacher(local_model_name(student), device=replay_kwargs.get("local_device", "cpu"))
-    return student, replay_kwargs.get("student_sampling") or recorded_teacher.StudentSampling()
-
-
-def replay_and_normalize_trace_sync(
-    *args: Any, **kwargs: Any
-) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
-    """``asyncio.run(replay_and_normalize_trace(...))``; inside a running loop, await the async form.
-
-    Raises:
-        RuntimeError: called from a thread that already runs an event loop.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(replay_and_normalize_trace(*args, **kwargs))
-    raise RuntimeError(
-        "replay_and_normalize_trace_sync was called inside a running event loop; "
-        "use 'await replay_and_normalize_trace(...)' instead"
-    )
+def replay_and_normalize_trace_sync(*args: Any, **kwargs: Any) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
+    """``asyncio.run(replay_and_normalize_trace(...))`` (a ``RuntimeError`` inside a running event loop)."""
+    return asyncio.run(replay_and_normalize_trace(*args, **kwargs))

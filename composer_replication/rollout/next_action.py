@@ -1,34 +1,14 @@
 """Next-action prediction on trace states: the embedded default environment (DESIGN.md 4.12).
 
-Each ingested :class:`~composer_replication.types.TraceState` becomes a prompt (its history); a
-sampled action is scored against the *reference action*: the teachers' consensus (the ``chosen``
-of a :class:`~composer_replication.types.DPOPair` for that ``state_id``) where one exists and is
-not degenerate (:func:`composer_replication.replaysim.degenerate.degeneracy`, the normalizer's own
-check: empty, a cut-off tool call, repetition, or text where the recorded action calls a tool),
-otherwise the student's recorded action. The reward is a weighted sum of three components in
-[0, 1] (weights :class:`RewardWeights`, default 0.2 / 0.2 / 0.6, so a perfect action scores 1.0):
-
-- ``format``: when the reference calls a tool, the sample makes at least one well-formed
-  ``[TOOL_USE]`` call and every called tool is one the session offers; when the reference is
-  plain text, the sample is non-empty and any tool it calls is offered.
-- ``json``: every tool call's arguments parse as a JSON object (vacuously true for a text
-  sample answering a text reference; false when a tool call was expected and none was made).
-- ``agreement``: 1.0 when ``canonical_action`` of sample and reference are equal. Otherwise, for a
-  tool-call reference, calls are aligned in order and each pair scores 0 for different tool names
-  and ``0.5 + 0.5 * (argument keys with equal values / keys in either)`` for the same name (missing
-  calls score 0, the mean is taken over the longer list); for a text reference, the token-overlap
-  F1 of the two canonical texts.
-
-Failures that a hint can address become error kinds, checked in this order on the first failing
-call: a tool the session does not offer -> ``tool_not_found``; arguments that are not a JSON object
--> ``json_decode``; an argument whose JSON type differs from the reference call's (or from the tool
-schema, when ``tool_schemas`` is given; a missing required argument counts too) -> ``type_error``.
-When the reference calls a tool and the sample makes no tool call at all (plain text, or a call cut
-off before its ``[TOOL_USE]`` marker), the kind is ``other``, its message naming the offered tools and
-the call form: the most common failure of a small model, and the one a hint fixes most directly.
-
-Offered tools are the state's ``tools``; when a state has none, the tools called in its history and
-in the reference stand in. When even those are empty, any syntactically valid name is accepted.
+Each :class:`~composer_replication.types.TraceState` becomes a prompt (its history); a sampled action is scored
+against the *reference action*: the teachers' consensus (the ``chosen`` of a pair for that ``state_id``, most
+agreeing teachers first) unless it is degenerate (``replaysim.normalize.degeneracy``), else the recorded action.
+Reward = ``format`` (well-formed, offered tools) + ``json`` (arguments are JSON objects) + ``agreement`` (1 on
+canonical equality; else per call in order, 0 for another tool and ``0.5 + 0.5 * equal keys / keys`` for the same,
+or the token F1 of two texts), weighted by :class:`RewardWeights`. Error kinds, on the first failing call:
+``tool_not_found``, ``json_decode``, ``type_error`` (against the reference call, or ``tool_schemas``); a tool-call
+reference answered without a call is ``other``. The table of every case: docs/rollouts.md. Offered tools are the
+state's ``tools``, else those called in its history and reference; with neither, any valid name is accepted.
 """
 
 from __future__ import annotations
@@ -42,13 +22,14 @@ from typing import Any
 
 from composer_replication.actions import ActionBlock, canonical_action, parse_action
 from composer_replication.chat_format import content_text
-from composer_replication.replaysim.degenerate import degeneracy
+from composer_replication.replaysim.normalize import degeneracy
 from composer_replication.rollout.environment import Prompt, Score
+from composer_replication.types import recorded_action
 
 __all__ = ["RewardWeights", "NextActionEnvironment", "tool_call_agreement", "text_f1"]
 
 _NAME = re.compile(r"^[A-Za-z_][\w.\-]*$")
-_JSON_TYPES = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
+_JSON_TYPES = {"boolean": bool, "string": str, "object": dict, "array": list, "null": type(None)}
 
 
 @dataclass(kw_only=True)
@@ -75,51 +56,39 @@ class NextActionEnvironment:
 
     Args:
         states: the trace states (``TraceState`` dicts).
-        pairs: optional DPO pairs; a pair's ``chosen`` becomes the reference for its state (the one
-            with the most agreeing teachers when a state has several), unless it is degenerate: then the
-            recorded action stays the reference (``metadata["reference_skipped"]`` names the rule).
-        weights: the reward weights.
-        tool_schemas: optional ``{tool name: JSON schema}`` used for argument type checks.
+        pairs: optional preference pairs; a pair's ``chosen`` becomes its state's reference (most agreeing
+            teachers first) unless degenerate: then the recorded action stays (``metadata["reference_skipped"]``
+            names the rule).
+        weights: the reward weights. tool_schemas: optional ``{tool name: JSON schema}`` for argument types.
 
     Raises:
-        ValueError: a state lacks ``state_id`` / ``messages`` / ``student_action``, or ids repeat.
+        ValueError: a state lacks ``state_id`` / ``messages`` / its recorded action, or ids repeat.
     """
 
     name = "next_action"
 
-    def __init__(
-        self,
-        states: Sequence[dict[str, Any]],
-        pairs: Sequence[dict[str, Any]] | None = None,
-        *,
-        weights: RewardWeights | None = None,
-        tool_schemas: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, states: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]] | None = None, *,
+                 weights: RewardWeights | None = None, tool_schemas: dict[str, dict[str, Any]] | None = None) -> None:
         self.weights = weights or RewardWeights()
         self.tool_schemas = dict(tool_schemas or {})
         by_state: dict[str, list[Any]] = {}
         for p in pairs or []:
             by_state.setdefault(p["state_id"], []).append(p)
         self._prompts: list[Prompt] = []
-        seen: set[str] = set()
         for i, s in enumerate(states):
-            missing = [k for k in ("state_id", "messages", "student_action") if k not in s]
+            recorded = recorded_action(s)
+            missing = [k for k in ("state_id", "messages") if k not in s] + ["student_action"] * (recorded is None)
             if missing:
                 raise ValueError(f"states[{i}] lacks {missing}; pass TraceState dicts from the ingesters.")
-            if s["state_id"] in seen:
+            if any(p.prompt_id == s["state_id"] for p in self._prompts):
                 raise ValueError(f"states[{i}]: state_id {s['state_id']!r} repeats; state ids must be unique.")
-            seen.add(s["state_id"])
-            pair, skipped = _consensus(by_state.get(s["state_id"], []), s["student_action"])
-            reference = pair["chosen"] if pair else s["student_action"]
+            pair, skipped = _consensus(by_state.get(s["state_id"], []), recorded)
+            reference = pair["chosen"] if pair else recorded
             meta = {"reference_source": "consensus" if pair else "recorded",
                     "n_teachers_agreeing": pair.get("n_teachers_agreeing", 0) if pair else 0,
-                    "source": s.get("source", "")}
-            if skipped:
-                meta["reference_skipped"] = skipped
-            self._prompts.append(Prompt(
-                prompt_id=s["state_id"], messages=list(s["messages"]),
-                tools=_offered_tools(s, reference), reference=reference, metadata=meta,
-            ))
+                    "source": s.get("source", ""), **({"reference_skipped": skipped} if skipped else {})}
+            self._prompts.append(Prompt(prompt_id=s["state_id"], messages=list(s["messages"]),
+                                        tools=_offered_tools(s, reference), reference=reference, metadata=meta))
 
     def prompts(self) -> list[Prompt]:
         """One prompt per state, in the order given."""
@@ -139,51 +108,44 @@ class NextActionEnvironment:
             fmt, js = bool(canon) and names_ok, args_ok
         if canon == ref_canon and canon:
             agreement = 1.0
-        elif ref_calls:
-            agreement = tool_call_agreement(calls, ref_calls)
         else:
-            agreement = text_f1(canon, ref_canon)
+            agreement = tool_call_agreement(calls, ref_calls) if ref_calls else text_f1(canon, ref_canon)
         w = self.weights
-        reward = w.format * fmt + w.json * js + w.agreement * agreement
         details = {"format": float(fmt), "json": float(js), "agreement": agreement,
                    "reference_source": prompt.metadata.get("reference_source", "recorded")}
-        kind, meta = self._error(prompt, calls, ref_calls)
-        return Score(reward, error_kind=kind, error_meta=meta, details=details)
-
-    # ------------------------------------------------------------------------ errors
+        kind, message, call = self._error(prompt, calls, ref_calls)
+        meta = None
+        if kind is not None:
+            meta = {"error_kind": kind, "error_message": message, "available_tools": list(prompt.tools),
+                    "intent": _intent(prompt.messages)}
+            if call is not None:
+                meta["tool_name"] = call.name
+                if call.name in self.tool_schemas:
+                    meta["tool_schema"] = self.tool_schemas[call.name]
+        return Score(w.format * fmt + w.json * js + w.agreement * agreement, error_kind=kind, error_meta=meta,
+                     details=details)
 
     def _offered(self, prompt: Prompt, name: str) -> bool:
         return name in prompt.tools if prompt.tools else bool(_NAME.match(name))
 
     def _error(self, prompt: Prompt, calls: list[ActionBlock], ref_calls: list[ActionBlock]
-               ) -> tuple[str | None, dict[str, Any] | None]:
+               ) -> tuple[str | None, str, ActionBlock | None]:
+        """``(error kind, message, failing call)`` of the first failure, ``(None, "", None)`` when none."""
         if ref_calls and not calls:
             avail = ", ".join(f"`{t}`" for t in prompt.tools) or "one of the session's tools"
-            message = (f"this step needs a tool call and the answer makes none; call {avail} "
-                       "as [TOOL_USE] name=<tool> input={<JSON arguments>}")
-            return "other", self._meta(prompt, None, "other", message)
+            return "other", (f"this step needs a tool call and the answer makes none; call {avail} "
+                             "as [TOOL_USE] name=<tool> input={<JSON arguments>}"), None
         ref_by_name = {c.name: c for c in ref_calls if c.arguments_valid}
         for c in calls:
             if not self._offered(prompt, c.name):
                 avail = ", ".join(prompt.tools) or "(unknown)"
-                return "tool_not_found", self._meta(prompt, c, "tool_not_found",
-                                                    f"Tool '{c.name}' is not available. Available tools: {avail}.")
+                return "tool_not_found", f"Tool '{c.name}' is not available. Available tools: {avail}.", c
             if not c.arguments_valid:
-                return "json_decode", self._meta(prompt, c, "json_decode", _json_problem(c))
+                return "json_decode", _json_problem(c), c
             problem = _type_problem(c.arguments, self.tool_schemas.get(c.name), ref_by_name.get(c.name))
             if problem:
-                return "type_error", self._meta(prompt, c, "type_error", f"Tool '{c.name}': {problem}")
-        return None, None
-
-    def _meta(self, prompt: Prompt, call: ActionBlock | None, kind: str, message: str) -> dict[str, Any]:
-        """The hint context of an error; ``call`` is the failing call (``None``: no call was made)."""
-        meta: dict[str, Any] = {"error_kind": kind, "error_message": message,
-                                "available_tools": list(prompt.tools), "intent": _intent(prompt.messages)}
-        if call is not None:
-            meta["tool_name"] = call.name
-            if call.name in self.tool_schemas:
-                meta["tool_schema"] = self.tool_schemas[call.name]
-        return meta
+                return "type_error", f"Tool '{c.name}': {problem}", c
+        return None, "", None
 
 
 # ---------------------------------------------------------------------------- scoring helpers
@@ -224,33 +186,23 @@ def tool_call_agreement(calls: Sequence[ActionBlock], ref_calls: Sequence[Action
 def text_f1(text: str, reference: str) -> float:
     """Token-overlap F1 of two whitespace-tokenized texts (1.0 for two empty texts)."""
     a, b = text.split(), reference.split()
-    if not a and not b:
-        return 1.0
     common = sum((Counter(a) & Counter(b)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(a), common / len(b)
-    return 2 * precision * recall / (precision + recall)
+    return 1.0 if not a and not b else 2 * common / (len(a) + len(b))
 
 
 def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return "number"
-    for name, t in _JSON_TYPES.items():
-        if isinstance(value, t):
-            return name
-    return type(value).__name__
+    return next((name for name, t in _JSON_TYPES.items() if isinstance(value, t)), type(value).__name__)
 
 
 def _type_problem(args: dict[str, Any], schema: dict[str, Any] | None, ref: ActionBlock | None) -> str | None:
     """Describe the first argument whose type disagrees with the schema (else the reference call)."""
     if schema:
         props = schema.get("properties", {})
-        for key in schema.get("required", []):
-            if key not in args:
-                return f"missing required argument '{key}'"
+        missing = [key for key in schema.get("required", []) if key not in args]
+        if missing:
+            return f"missing required argument '{missing[0]}'"
         for key, value in args.items():
             want = props.get(key, {}).get("type")
             wants = [want] if isinstance(want, str) else list(want or [])
@@ -258,11 +210,9 @@ def _type_problem(args: dict[str, Any], schema: dict[str, Any] | None, ref: Acti
             if wants and _json_type(value) not in wants:
                 return f"argument '{key}' must be {'/'.join(wants)}, got {_json_type(value)} ({value!r})"
         return None
-    if ref is not None:
-        for key, value in args.items():
-            if key in ref.arguments and _json_type(value) != _json_type(ref.arguments[key]):
-                return (f"argument '{key}' should be {_json_type(ref.arguments[key])}, "
-                        f"got {_json_type(value)} ({value!r})")
+    for key, value in args.items() if ref is not None else ():
+        if key in ref.arguments and _json_type(value) != _json_type(ref.arguments[key]):
+            return f"argument '{key}' should be {_json_type(ref.arguments[key])}, got {_json_type(value)} ({value!r})"
     return None
 
 
@@ -279,16 +229,10 @@ def _json_problem(call: ActionBlock) -> str:
 def _offered_tools(state: dict[str, Any], reference: str) -> list[str]:
     if state.get("tools"):
         return list(state["tools"])
-    names: list[str] = []
-    for m in state["messages"]:
-        for call in m.get("tool_calls") or []:
-            names.append(str(call.get("function", call).get("name", "")))
+    names = [str(c.get("function", c).get("name", "")) for m in state["messages"] for c in m.get("tool_calls") or []]
     names += [b.name for b in parse_action(reference) if b.kind == "tool_use"]
     return list(dict.fromkeys(n for n in names if n))
 
 
 def _intent(messages: list[dict[str, Any]]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "user":
-            return content_text(m.get("content"))[:300]
-    return ""
+    return next((content_text(m.get("content"))[:300] for m in reversed(messages) if m.get("role") == "user"), "")

@@ -1,26 +1,18 @@
 """Python coding tasks scored by unit tests in the sandbox.
 
-A :class:`PythonTask` is a prompt, a reference solution (used to test the environment itself) and
-plain-``assert`` unit tests. :class:`PythonTaskEnvironment` extracts the code from a sampled answer
-(:func:`extract_code`), runs it with the tests through
-:func:`~composer_replication.rollout.sandbox.run_python_sandboxed` (an OS sandbox; the parent judges
-each assert on the plain values the child reports), and rewards the fraction of tests passed
-(1.0 when all pass).
-
-Error kinds, for the hint generator: no code in the answer, or a ``SyntaxError`` /
-``IndentationError`` -> ``other``; a ``TypeError`` -> ``type_error``; anything else (failed
-assertions, exceptions, ``MemoryError``, a timeout) -> ``runtime_error``. ``error_meta`` carries
-the traceback tail as ``error_message``, ``tool_name="python"`` and the task's first sentence as
-``intent``.
-
-The bundled tasks live in ``composer_replication/data/tasks/python_tasks.jsonl`` (package data), one JSON object per line with
-the keys ``task_id``, ``prompt``, ``entry_point``, ``reference_solution`` and ``tests``.
+A :class:`PythonTask` is a prompt, a reference solution (to test the environment itself) and plain-``assert``
+unit tests. :class:`PythonTaskEnvironment` extracts the code of a sampled answer (:func:`extract_code`), runs it
+with the tests through :func:`~composer_replication.rollout.sandbox.run_python_sandboxed` and rewards the
+fraction of tests passed. Error kinds: no code, or a ``SyntaxError`` / ``IndentationError`` -> ``other``; a
+``TypeError`` -> ``type_error``; anything else (failed asserts, exceptions, a timeout) -> ``runtime_error``;
+``error_meta`` holds the traceback tail, ``tool_name="python"`` and the task's first sentence as ``intent``.
+The bundled tasks (``composer_replication/data/tasks/python_tasks.jsonl``) are one JSON object per line with
+``task_id``, ``prompt``, ``entry_point``, ``reference_solution`` and ``tests``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,18 +21,10 @@ from typing import Any
 
 from composer_replication.data import bundled_path
 from composer_replication.rollout.environment import Prompt, Score
-from composer_replication.rollout.sandbox import SandboxResult, run_python_sandboxed
+from composer_replication.rollout.sandbox import run_python_sandboxed
 
-__all__ = [
-    "PythonTask",
-    "PythonTaskEnvironment",
-    "DEFAULT_TASKS_PATH",
-    "DEFAULT_SYSTEM_PROMPT",
-    "load_bundled_tasks",
-    "extract_code",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["PythonTask", "PythonTaskEnvironment", "DEFAULT_TASKS_PATH", "DEFAULT_SYSTEM_PROMPT", "load_bundled_tasks",
+           "extract_code"]
 
 DEFAULT_TASKS_PATH = bundled_path("tasks/python_tasks.jsonl")
 DEFAULT_SYSTEM_PROMPT = (
@@ -53,15 +37,9 @@ _THINKING = re.compile(r"^\[THINKING\].*?(?=^\S|\Z)", re.DOTALL | re.MULTILINE)
 
 @dataclass(kw_only=True)
 class PythonTask:
-    """One coding task.
-
-    Attributes:
-        task_id: unique id.
-        prompt: the instruction shown to the policy.
-        tests: Python source with top-level ``test_*`` functions calling the solution by name.
-        reference_solution: a solution that passes every test (checked by the project's tests).
-        entry_point: the function the task asks for (informational).
-    """
+    """One coding task: a unique ``task_id``, the ``prompt`` shown to the policy, ``tests`` (Python source with
+    top-level ``test_*`` functions calling the solution by name), a ``reference_solution`` that passes every test
+    (checked by the project's tests) and the ``entry_point`` function the task asks for (informational)."""
 
     task_id: str
     prompt: str
@@ -71,7 +49,7 @@ class PythonTask:
 
 
 def load_bundled_tasks(path: str | Path | None = None) -> list[PythonTask]:
-    """Read tasks from a JSONL file (default: the bundled ``composer_replication/data/tasks/python_tasks.jsonl`` (package data)).
+    """Read tasks from a JSONL file (default: the bundled :data:`DEFAULT_TASKS_PATH`).
 
     Raises:
         FileNotFoundError: the file does not exist (the bundled file ships with a source checkout).
@@ -88,9 +66,7 @@ def load_bundled_tasks(path: str | Path | None = None) -> list[PythonTask]:
             rec = json.loads(line)
             tasks.append(PythonTask(**{k: rec[k] for k in rec if k in PythonTask.__dataclass_fields__}))
         except (json.JSONDecodeError, TypeError) as e:
-            raise ValueError(
-                f"{p}:{n}: each line must be a JSON object with task_id, prompt and tests ({e})."
-            ) from e
+            raise ValueError(f"{p}:{n}: each line must be a JSON object with task_id, prompt and tests ({e}).") from e
     return tasks
 
 
@@ -112,11 +88,9 @@ class PythonTaskEnvironment:
 
     Args:
         tasks: the tasks (default: :func:`load_bundled_tasks`).
-        timeout_s: wall-clock limit per run.
-        memory_mb: address-space limit per run.
-        os_sandbox: ``"auto"``, ``"require"`` or ``"off"``: see
-            :func:`~composer_replication.rollout.sandbox.run_python_sandboxed` (``details["isolation"]``
-            of every score says which isolation the run had).
+        timeout_s / memory_mb: wall-clock and address-space limits per run.
+        os_sandbox: ``"auto"``, ``"require"`` or ``"off"`` (``run_python_sandboxed``; each score's
+            ``details["isolation"]`` says which isolation its run had).
         system_prompt: the system message of every prompt.
 
     Raises:
@@ -125,67 +99,43 @@ class PythonTaskEnvironment:
 
     name = "python_tasks"
 
-    def __init__(
-        self,
-        tasks: Sequence[PythonTask] | None = None,
-        *,
-        timeout_s: float = 5.0,
-        memory_mb: int = 256,
-        os_sandbox: str = "auto",
-        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    ) -> None:
+    def __init__(self, tasks: Sequence[PythonTask] | None = None, *, timeout_s: float = 5.0, memory_mb: int = 256,
+                 os_sandbox: str = "auto", system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> None:
         self.tasks = list(tasks) if tasks is not None else load_bundled_tasks()
         if not self.tasks:
             raise ValueError("PythonTaskEnvironment: got no tasks; pass at least one PythonTask.")
         ids = [t.task_id for t in self.tasks]
         if len(set(ids)) != len(ids):
             raise ValueError(f"PythonTaskEnvironment: task ids must be unique, got {ids}.")
-        self.timeout_s, self.memory_mb, self.system_prompt = timeout_s, memory_mb, system_prompt
-        self.os_sandbox = os_sandbox
+        self.timeout_s, self.memory_mb, self.os_sandbox, self.system_prompt = timeout_s, memory_mb, os_sandbox, system_prompt
 
     def prompts(self) -> list[Prompt]:
         """One prompt per task: system message + the task's instruction."""
-        return [
-            Prompt(
-                prompt_id=t.task_id,
-                messages=[{"role": "system", "content": self.system_prompt}, {"role": "user", "content": t.prompt}],
-                reference=f"```python\n{t.reference_solution}```" if t.reference_solution else None,
-                metadata={"tests": t.tests, "entry_point": t.entry_point},
-            )
-            for t in self.tasks
-        ]
+        return [Prompt(prompt_id=t.task_id,
+                       messages=[{"role": "system", "content": self.system_prompt}, {"role": "user", "content": t.prompt}],
+                       reference=f"```python\n{t.reference_solution}```" if t.reference_solution else None,
+                       metadata={"tests": t.tests, "entry_point": t.entry_point}) for t in self.tasks]
 
     def score(self, prompt: Prompt, action_text: str) -> Score:
         """Run the code of ``action_text`` against the prompt's tests."""
         tests = prompt.metadata.get("tests")
         if not isinstance(tests, str):
-            raise ValueError(
-                f"prompt {prompt.prompt_id!r} has no tests in metadata['tests']; build prompts with "
-                "PythonTaskEnvironment.prompts()."
-            )
+            raise ValueError(f"prompt {prompt.prompt_id!r} has no tests in metadata['tests']; build prompts with "
+                             "PythonTaskEnvironment.prompts().")
         code = extract_code(action_text)
         if not code.strip():
             return Score(0.0, error_kind="other", error_meta=_meta(prompt, "The answer contains no code.", "other"),
                          details={"n_passed": 0, "n_total": 0})
-        res = run_python_sandboxed(
-            code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb, os_sandbox=self.os_sandbox
-        )
-        reward = res.n_passed / res.n_total if res.n_total else 0.0
+        res = run_python_sandboxed(code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                                   os_sandbox=self.os_sandbox)
         details = {"n_passed": res.n_passed, "n_total": res.n_total, "timed_out": res.timed_out,
                    "error_type": res.error_type, "isolation": res.isolation}
         if res.passed:
             return Score(1.0, details=details)
-        kind = _error_kind(res)
-        return Score(reward, error_kind=kind, error_meta=_meta(prompt, res.error or "the tests failed", kind),
-                     details=details)
-
-
-def _error_kind(res: SandboxResult) -> str:
-    if res.error_type in ("SyntaxError", "IndentationError", "TabError"):
-        return "other"
-    if res.error_type == "TypeError":
-        return "type_error"
-    return "runtime_error"
+        kind = ("other" if res.error_type in ("SyntaxError", "IndentationError", "TabError")
+                else "type_error" if res.error_type == "TypeError" else "runtime_error")
+        return Score(res.n_passed / res.n_total if res.n_total else 0.0, error_kind=kind,
+                     error_meta=_meta(prompt, res.error or "the tests failed", kind), details=details)
 
 
 def _meta(prompt: Prompt, message: str, kind: str) -> dict[str, Any]:

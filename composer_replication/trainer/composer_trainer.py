@@ -1,48 +1,42 @@
-"""ComposerReplicationTrainer: TRL GRPO plus self-distillation at error sites plus trace-replay DPO.
+"""ComposerReplicationTrainer: TRL's GRPO plus self-distillation at error sites plus trace-replay DPO.
 
-    total = grpo + alpha_sdpo * sdpo_jsd / GA + beta_replay * trace_replay_dpo / GA
+    total = LossConfig.combine(grpo, distill, replay, shares=(1, 1 / GA, 1 / GA))
 
-- Channel 1 is TRL's ``GRPOTrainer._compute_loss`` unchanged (its loss is already scaled for
-  gradient accumulation ``GA``, as are channels 2 and 3 here).
-- Channel 2 (SDPO/OPSD, arXiv 2601.20802 / 2601.18734): the generalized JSD between the policy on the
-  sampled completion and the same model, without gradient, on ``prompt + [hint as a user turn] +
-  the same completion tokens``. Token mean over the distilled tokens. Computed by the loss library
-  (``composer_replication.loss.self_distillation_loss``, channel 2 of ``compose_loss`` alone) on the rows that have a hint.
-- Channel 3 (DPO, arXiv 2305.18290): the sigmoid DPO loss (``composer_replication.dpo.dpo_loss``) over
-  ``(prompt, chosen, rejected)`` pairs, log-probs from ``composer_replication.loss.sequence_logprobs_for``,
-  reference log-probs computed once at generation time.
+- Channel 1 is TRL's ``GRPOTrainer._compute_loss`` unchanged (already scaled for gradient accumulation ``GA``).
+- Channel 2 (SDPO / OPSD, arXiv 2601.20802 / 2601.18734): the generalized JSD between the policy on the sampled
+  completion and the same model, without gradient, on the student's prompt + ``[hint as a user turn]`` + the same
+  completion tokens, over the tokens the policy generated (``completion_mask * tool_mask``): the loss library's
+  ``self_distillation_loss`` on the rows that have a hint.
+- Channel 3 (DPO, arXiv 2305.18290): sigmoid DPO over (the student's prompt, chosen, rejected), reference log-probs
+  computed once at generation time from TRL's ``ref_model``, else the adapter-disabled PEFT model (TRL's ``ref``
+  adapter when it keeps one), else the policy at sampling time.
 
-Data path. The extra channels come from optional dataset columns next to ``prompt`` (which must then
-be conversational): ``hint`` (str) and ``dpo_chosen`` / ``dpo_rejected`` (str, the row's prompt is
-the DPO context). ``_generate_and_score_completions`` (called by TRL's ``_prepare_inputs``) builds
-the batch-contract tensors with one row per completion, so TRL's ``shuffle_sequence_dict`` and
-``split_tensor_dict`` slice them together with the completions: rows without a hint or pair carry an
-all-zero ``sdpo_loss_mask`` / ``dpo_*_response_mask`` and are skipped by the loss. A prompt repeated
-``num_generations`` times repeats its pair that many times (equal weights per prompt).
-
-Batch keys (the batch contract, ``docs/collator.md``): ``ctx_teacher_input_ids``, ``ctx_teacher_attention_mask``,
-``sdpo_loss_mask`` ``[B, Tt]``; ``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``
-``[B, T*]`` and ``dpo_{chosen,rejected}_ref_logprobs`` ``[B]``. The DPO reference is ``ref_model``
-when TRL keeps one (``beta > 0``), the adapter-disabled model under PEFT, else the policy at sampling
-time (no grad).
+Data path: optional dataset columns next to a conversational ``prompt``: ``hint`` (str), ``dpo_chosen`` /
+``dpo_rejected`` (str). ``_generate_and_score_completions`` (called by TRL's ``_prepare_inputs``) adds one row per
+completion (batch-contract keys, ``docs/collator.md``) so that TRL's shuffling and splitting
+(``steps_per_generation``, ``num_iterations``) slice them with the completions; rows without a hint or pair carry
+all-zero masks and are skipped. The hinted prompt is rendered by TRL's own ``_tokenize_prompts`` from the prompt TRL
+generated from (environment observations, tool schemas and ``chat_template_kwargs`` included). GRPOConfig options:
+``docs/integrations.md``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-from composer_replication.batching import TokenizedPair, pad_id, pad_rows, tokenize_pair
-from composer_replication.chat_format import build_hinted_teacher_sequence
+from composer_replication.batching import pad_id, pad_rows
+from composer_replication.chat_format import build_response_ids
 from composer_replication.losses import LossConfig, dpo_loss, self_distillation_loss, sequence_logprobs_for
-from composer_replication.types import PreferencePair
 
 try:
+    from accelerate.utils import is_peft_model
     from trl import GRPOTrainer
+    from trl.trainer.utils import use_adapter
 
     _TRL_AVAILABLE = True
 except ImportError:  # the module still imports; instantiation raises
@@ -51,46 +45,41 @@ except ImportError:  # the module still imports; instantiation raises
 
 __all__ = ["ComposerReplicationTrainer", "HINT_COLUMN", "DPO_CHOSEN_COLUMN", "DPO_REJECTED_COLUMN"]
 
-log = logging.getLogger(__name__)
-
 HINT_COLUMN = "hint"
 DPO_CHOSEN_COLUMN = "dpo_chosen"
 DPO_REJECTED_COLUMN = "dpo_rejected"
 _INSTALL = "pip install composer-replication[trl]"
 
 
-def _pad_right(seqs: Sequence[Sequence[int]], fill: int, device: torch.device) -> torch.Tensor:
-    """``[B, max(len)]`` long tensor (at least one column; rows may be empty), right-padded with ``fill``."""
+def _pad(seqs: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
+    """``[B, max(len)]`` long, right-padded with ``fill`` (at least one column; rows may be empty)."""
     return pad_rows(seqs, fill)[0].to(device)
 
 
 def _messages(prompt: Any, row: int, what: str) -> list[dict]:
     if not isinstance(prompt, list) or not all(isinstance(m, Mapping) for m in prompt):
-        raise ValueError(
-            f"row {row} has a {what} but its prompt is not conversational (a list of messages); "
-            "channels 2 and 3 need chat prompts so the hint / DPO responses follow the chat template"
-        )
+        raise ValueError(f"row {row} has a {what} but its prompt is not conversational (a list of messages); "
+                         "channels 2 and 3 need chat prompts so the hint / DPO responses follow the chat template")
     return list(prompt)
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` whose loss adds self-distillation (channel 2) and trace-replay DPO (channel 3).
 
+    With ``alpha_sdpo = beta_replay = 0`` it is ``GRPOTrainer``: the same loss, gradients, weights and logged keys.
+
     Args:
-        *args, **kwargs: ``GRPOTrainer``'s (model, reward_funcs, args, train_dataset, processing_class, ...).
-        alpha_sdpo: channel-2 weight (``0`` disables it).
-        beta_replay: channel-3 weight (``0`` disables it).
-        sdpo_jsd_beta: ``beta`` of ``generalized_jsd_loss`` in ``[0, 1]`` (0 forward KL, 1 reverse KL).
-        sdpo_temperature: softmax temperature of channel 2 (``> 0``).
-        sdpo_token_clip: optional clamp of the pointwise JSD terms (``> 0``).
+        *args, **kwargs: ``GRPOTrainer``'s (model, reward_funcs, args, train_dataset, processing_class, peft_config,
+            tools, rollout_func, environment_factory, ...).
+        alpha_sdpo / beta_replay: channel-2 / channel-3 weights (``0`` turns a channel off).
+        sdpo_jsd_beta: generalized JSD ``beta`` in ``[0, 1]`` (0 forward KL, 1 reverse KL).
+        sdpo_temperature: channel-2 softmax temperature (``> 0``). sdpo_token_clip: clamp of the per-token JSD (``> 0``).
         replay_dpo_beta: DPO ``beta`` (``> 0``).
-        loss_chunk_size: rows of logits per chunk in channels 2 and 3 (``composer_replication.logprobs``);
-            ``None`` materialises the full logits.
+        loss_chunk_size: rows of logits per chunk in channels 2 and 3 (``losses.logprobs``); ``None`` = full logits.
 
     Raises:
-        ImportError: trl is not installed (``pip install composer-replication[trl]``).
-        ValueError: a weight or hyper-parameter out of range, or ``use_liger_kernel=True`` (TRL's Liger
-            path bypasses ``_compute_loss``).
+        ImportError: trl is not installed. ValueError: a weight or hyper-parameter out of range (naming the
+        ``loss.`` key), or a batch with images while a channel runs (channels 2 and 3 pass token ids only).
     """
 
     def __init__(
@@ -107,181 +96,174 @@ class ComposerReplicationTrainer(GRPOTrainer):
     ) -> None:
         if not _TRL_AVAILABLE:
             raise ImportError(f"ComposerReplicationTrainer needs trl (a TRL GRPOTrainer subclass): {_INSTALL}")
-        # one set of checks: the loss library's config (errors name the key, e.g. 'loss.alpha_sdpo')
         self.loss_config = LossConfig(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
                                       sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip,
                                       replay_dpo_beta=replay_dpo_beta, chunk_size=loss_chunk_size)
-        c = self.loss_config
-        self.alpha_sdpo, self.beta_replay = float(c.alpha_sdpo), float(c.beta_replay)
-        self.sdpo_jsd_beta, self.sdpo_temperature = float(c.sdpo_jsd_beta), float(c.sdpo_temperature)
-        self.sdpo_token_clip, self.replay_dpo_beta = c.sdpo_token_clip, float(c.replay_dpo_beta)
-        self.loss_chunk_size = c.chunk_size
+        self._channel_metrics: dict[str, dict[str, list[torch.Tensor]]] = {"train": defaultdict(list),
+                                                                           "eval": defaultdict(list)}
         super().__init__(*args, **kwargs)
-        if getattr(self.args, "use_liger_kernel", False):
-            raise ValueError("use_liger_kernel=True skips _compute_loss, so channels 2 and 3 would never run; "
-                             "set use_liger_kernel=False")
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Keep the channel columns when ``remove_unused_columns=True``."""
+        super()._set_signature_columns_if_needed()
+        extra = [c for c in (HINT_COLUMN, DPO_CHOSEN_COLUMN, DPO_REJECTED_COLUMN) if c not in self._signature_columns]
+        self._signature_columns = [*self._signature_columns, *extra]
 
     # ------------------------------------------------------------------------------------------
-    # Data path: attach channel-2/3 tensors to the generation batch (sliced by _prepare_inputs)
+    # Data path: attach the channel-2/3 tensors to the generation batch (sliced by _prepare_inputs)
     # ------------------------------------------------------------------------------------------
+    def _generate(self, prompts: list):
+        """TRL's generation; records the prompts it renders (after environment resets) for the channel rows."""
+        self._rollout_prompts = prompts
+        return super()._generate(prompts)
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring, plus the channel-2/3 tensors built from the dataset columns."""
         output = super()._generate_and_score_completions(inputs)
         hints = [x.get(HINT_COLUMN) for x in inputs]
         pairs = [(x.get(DPO_CHOSEN_COLUMN), x.get(DPO_REJECTED_COLUMN)) for x in inputs]
-        if self.alpha_sdpo > 0 and any(hints):
-            output.update(self._sdpo_tensors([x["prompt"] for x in inputs], hints, output))
-        if self.beta_replay > 0 and any(c or r for c, r in pairs):
-            output.update(self._dpo_tensors([x["prompt"] for x in inputs], pairs, output["completion_ids"].device))
+        distill = self.loss_config.alpha_sdpo > 0 and any(hints)
+        replay = self.loss_config.beta_replay > 0 and any(c or r for c, r in pairs)
+        if (distill or replay) and "pixel_values" in output:
+            raise ValueError("this batch has images, but channels 2 and 3 run the decoder on token ids only and would "
+                             "drop them; set alpha_sdpo=0 and beta_replay=0 for multimodal data")
+        if distill:
+            output.update(self._sdpo_tensors(self._rollout_prompts, hints, output))
+        if replay:
+            output.update(self._dpo_tensors(pairs, output))
         return output
 
     def _sdpo_tensors(self, prompts: list[Any], hints: list[Any], output: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Teacher rows ``prompt + [hint] + completion`` (``[B, Tt]``); zero mask where there is no hint."""
-        tok, device = self.processing_class, output["completion_ids"].device
+        """Teacher rows ``prompt + [hint] + completion`` ``[B, Tt]``; the mask is 1 on the policy's own tokens
+        (``completion_mask * tool_mask``), all zero where there is no hint."""
+        device, comp = output["completion_ids"].device, output["completion_mask"]
+        own = comp * output["tool_mask"] if "tool_mask" in output else comp
+        hinted = [[*_messages(p, i, "hint"), {"role": "user", "content": str(h)}] if h else p
+                  for i, (p, h) in enumerate(zip(prompts, hints))]
+        teacher_prompts = self._tokenize_prompts(hinted)[0]
         ids, masks = [], []
-        for i, (prompt, hint) in enumerate(zip(prompts, hints)):
-            n = int(output["completion_mask"][i].sum())
+        for i, hint in enumerate(hints):
+            n = int(comp[i].sum())
             if not hint or n == 0:  # no hint, or a completion masked out entirely (e.g. truncated)
                 ids.append([])
                 masks.append([])
                 continue
-            response = output["completion_ids"][i, :n].tolist()
-            seq, start = build_hinted_teacher_sequence(tok, _messages(prompt, i, "hint"), str(hint), response)
-            ids.append(seq)
-            masks.append([0] * start + [1] * n)
-        attn = [[1] * len(s) for s in ids]
-        return {
-            "ctx_teacher_input_ids": _pad_right(ids, pad_id(tok), device),
-            "ctx_teacher_attention_mask": _pad_right(attn, 0, device),
-            "sdpo_loss_mask": _pad_right(masks, 0, device),
-        }
+            prompt = list(teacher_prompts[i])
+            ids.append(prompt + output["completion_ids"][i, :n].tolist())
+            masks.append([0] * len(prompt) + own[i, :n].tolist())
+        return {"ctx_teacher_input_ids": _pad(ids, pad_id(self.processing_class), device),
+                "ctx_teacher_attention_mask": _pad([[1] * len(s) for s in ids], 0, device),
+                "sdpo_loss_mask": _pad(masks, 0, device)}
 
-    def _dpo_tensors(self, prompts: list[Any], pairs: list[tuple[Any, Any]], device: torch.device) -> dict[str, torch.Tensor]:
-        """``prompt + response`` rows for chosen and rejected (``[B, T*]``) and reference log-probs ``[B]``."""
-        tok = self.processing_class
-        tokenized: list[TokenizedPair | None] = []
-        for i, (prompt, (chosen, rejected)) in enumerate(zip(prompts, pairs)):
-            if not chosen and not rejected:
-                tokenized.append(None)
-                continue
-            if not isinstance(chosen, str) or not isinstance(rejected, str) or not chosen or not rejected:
+    def _dpo_tensors(self, pairs: list[tuple[Any, Any]], output: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``student prompt + response`` rows for chosen and rejected ``[B, T*]``, reference log-probs ``[B]``."""
+        tok, device = self.processing_class, output["prompt_ids"].device
+        rows = [i for i, (c, r) in enumerate(pairs) if c or r]
+        for i in rows:
+            c, r = pairs[i]
+            if not isinstance(c, str) or not isinstance(r, str) or not c or not r:
                 raise ValueError(f"row {i}: {DPO_CHOSEN_COLUMN} and {DPO_REJECTED_COLUMN} must both be non-empty "
-                                 f"strings, got {chosen!r:.40} and {rejected!r:.40}")
-            pair = PreferencePair.from_actions(state_id=f"row {i}", state_messages=_messages(prompt, i, "DPO pair"),
-                                               chosen=chosen, rejected=rejected)
-            tokenized.append(tokenize_pair(tok, pair))
+                                 f"strings, got {c!r:.40} and {r!r:.40}")
         out = {}
-        for side in ("chosen", "rejected"):  # one row per batch row; rows without a pair stay empty
-            rows = [list(t.prompt) + list(getattr(t, side)) if t else [] for t in tokenized]
-            masks = [[0] * len(t.prompt) + [1] * len(getattr(t, side)) if t else [] for t in tokenized]
-            out[f"dpo_{side}_input_ids"] = _pad_right(rows, pad_id(tok), device)
-            out[f"dpo_{side}_attention_mask"] = _pad_right([[1] * len(r) for r in rows], 0, device)
-            out[f"dpo_{side}_response_mask"] = _pad_right(masks, 0, device)
+        for k, side in enumerate(("chosen", "rejected")):
+            seqs, masks = [[] for _ in pairs], [[] for _ in pairs]
+            for i in rows:
+                prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+                response = build_response_ids(tok, pairs[i][k])
+                seqs[i], masks[i] = prompt + response, [0] * len(prompt) + [1] * len(response)
+            out[f"dpo_{side}_input_ids"] = _pad(seqs, pad_id(tok), device)
+            out[f"dpo_{side}_attention_mask"] = _pad([[1] * len(s) for s in seqs], 0, device)
+            out[f"dpo_{side}_response_mask"] = _pad(masks, 0, device)
         ref_model, ctx = self._dpo_reference()
+        index = torch.tensor(rows, device=device)
         with torch.no_grad(), ctx:
             for side in ("chosen", "rejected"):
-                out[f"dpo_{side}_ref_logprobs"] = self._sequence_logprobs(
-                    ref_model, out[f"dpo_{side}_input_ids"], out[f"dpo_{side}_response_mask"],
-                    out[f"dpo_{side}_attention_mask"], chunk_size=self.loss_chunk_size).detach()
+                lp = self._sequence_logprobs(ref_model, *(out[f"dpo_{side}_{k}"][index] for k in
+                                                          ("input_ids", "response_mask", "attention_mask")),
+                                             chunk_size=self.loss_config.chunk_size)
+                out[f"dpo_{side}_ref_logprobs"] = torch.zeros(len(pairs), device=device).index_copy(0, index, lp.float())
         return out
 
     def _dpo_reference(self) -> tuple[torch.nn.Module, Any]:
-        """The DPO reference: TRL's ``ref_model``, else the adapter-disabled PEFT model, else the policy."""
+        """TRL's reference: ``ref_model``; else, under PEFT, the model with its ``ref`` adapter or none; else the policy."""
         if getattr(self, "ref_model", None) is not None:
             return self.ref_model, nullcontext()
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if hasattr(unwrapped, "disable_adapter") and hasattr(unwrapped, "peft_config"):
-            return self.model, unwrapped.disable_adapter()
-        return self.model, nullcontext()
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(model):
+            return model, use_adapter(model, "ref" if "ref" in model.peft_config else None)
+        return model, nullcontext()
 
     # ------------------------------------------------------------------------------------------
-    # Loss
+    # Loss and metrics
     # ------------------------------------------------------------------------------------------
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        """``grpo + alpha_sdpo * sdpo / GA + beta_replay * dpo / GA``; logs ``composer/*`` metrics."""
+        """``LossConfig.combine(grpo, sdpo, dpo, shares=(1, 1/GA, 1/GA))`` (TRL's GRPO loss is already scaled)."""
         grpo = super()._compute_loss(model, inputs)
-        mode = "train" if self.model.training else "eval"
-        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
-        total = grpo
-        metrics = self._metrics[mode]
-        metrics["composer/grpo"].append(float(grpo.detach()))
-        if self.alpha_sdpo > 0 and "sdpo_loss_mask" in inputs:
-            sdpo = self._compute_sdpo_loss(model, inputs)
-            total = total + self.alpha_sdpo * sdpo / ga
-        if self.beta_replay > 0 and "dpo_chosen_input_ids" in inputs:
-            dpo = self._compute_trace_replay_loss(model, inputs)
-            total = total + self.beta_replay * dpo / ga
-        metrics["composer/total"].append(float(total.detach()))
-        return total
+        ga = self.current_gradient_accumulation_steps if self.model.training else 1
+        sdpo, dpo = self._compute_sdpo_loss(model, inputs), self._compute_trace_replay_loss(model, inputs)
+        return self.loss_config.combine(grpo, sdpo, dpo, shares=(1.0, 1.0 / ga, 1.0 / ga))
+
+    def _record(self, **metrics: Any) -> None:
+        """Keep channel metrics as device tensors; :meth:`log` reads them once per logging step (no host sync)."""
+        store = self._channel_metrics["train" if self.model.training else "eval"]
+        for key, value in metrics.items():
+            store[f"composer/{key}"].append(torch.as_tensor(value, dtype=torch.float32).detach())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's ``log``, with the means of the channel metrics of this logging step (``composer/*``, only for a
+        channel that ran; per process, like the rest of the local metrics)."""
+        store = self._channel_metrics["train" if self.model.training else "eval"]
+        if store:
+            keys = list(store)
+            device = store[keys[0]][0].device
+            means = torch.stack([torch.stack([v.to(device) for v in store[k]]).mean() for k in keys]).tolist()
+            mode_metrics = self._metrics["train" if self.model.training else "eval"]
+            for key, value in zip(keys, means):
+                mode_metrics[key] = [value]
+            store.clear()
+        super().log(logs, start_time)
 
     def _compute_sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        """Token-mean generalized JSD between the policy and the hinted teacher on the same tokens.
+        """Token-mean generalized JSD between the policy and its hinted self on the same tokens (rows with a nonzero
+        ``sdpo_loss_mask``): ``self_distillation_loss`` on student ``prompt_ids + completion_ids [b, Tp + Tc]``
+        (response mask ``[0 | completion_mask * tool_mask]``) and teacher ``ctx_teacher_input_ids [b, Tt]``.
 
-        The rows with a nonzero ``sdpo_loss_mask`` go through ``composer_replication.loss.self_distillation_loss``
-        (channel 2 of ``compose_loss`` alone, the loss library's code path): student ``prompt_ids + completion_ids``
-        ``[b, Tp + Tc]`` with ``response_mask = [0 | completion_mask]``, teacher ``ctx_teacher_input_ids``
-        ``[b, Tt]`` with ``sdpo_loss_mask``.
-
-        Returns:
-            A scalar (``0`` when the channel is off or no row has a hint).
-
-        Raises:
-            ValueError: (from ``self_distillation_loss``) a row's student and teacher response tokens differ.
+        Returns a scalar, ``0`` when the channel is off or no row has a hint; ``ValueError`` (from the library)
+        when a row's student and teacher tokens differ.
         """
-        device = inputs["completion_ids"].device
-        if self.alpha_sdpo == 0 or "sdpo_loss_mask" not in inputs:
-            return torch.zeros((), device=device)
+        zero = torch.zeros((), device=inputs["completion_ids"].device)
+        if self.loss_config.alpha_sdpo == 0 or "sdpo_loss_mask" not in inputs:
+            return zero
         rows = inputs["sdpo_loss_mask"].any(-1).nonzero().squeeze(-1)
         if rows.numel() == 0:
-            return torch.zeros((), device=device)
-        prompt_mask, completion_mask = inputs["prompt_mask"], inputs["completion_mask"]
-        sub = {
-            "input_ids": torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)[rows],  # [b, Tp + Tc]
-            "attention_mask": torch.cat([prompt_mask, completion_mask], 1)[rows],
-            "response_mask": torch.cat([torch.zeros_like(prompt_mask), completion_mask], 1)[rows],
-            **{k: inputs[k][rows] for k in ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")},
-        }
-        loss, metrics = self_distillation_loss(
-            model, sub, sdpo_jsd_beta=self.sdpo_jsd_beta, sdpo_temperature=self.sdpo_temperature,
-            sdpo_token_clip=self.sdpo_token_clip, chunk_size=self.loss_chunk_size,
-        )
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["composer/sdpo_jsd"].append(float(loss.detach()))
-        self._metrics[mode]["composer/sdpo_tokens"].append(metrics.get("loss/jsd/num_tokens", 0.0))
+            return zero
+        prompt_mask, comp = inputs["prompt_mask"], inputs["completion_mask"]
+        own = comp * inputs["tool_mask"] if "tool_mask" in inputs else comp
+        sub = {"input_ids": torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)[rows],  # [b, Tp + Tc]
+               "attention_mask": torch.cat([prompt_mask, comp], 1)[rows],
+               "response_mask": torch.cat([torch.zeros_like(prompt_mask), own], 1)[rows],
+               **{k: inputs[k][rows] for k in ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")}}
+        loss, metrics = self_distillation_loss(self.accelerator.unwrap_model(model), sub, self.loss_config)
+        self._record(**{"jsd": metrics["loss/jsd"], "jsd/num_tokens": metrics["loss/jsd/num_tokens"]})
         return loss
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        """Sigmoid DPO over the rows that carry a pair (nonzero chosen and rejected response masks).
-
-        Policy log-probs come from ``composer_replication.loss.sequence_logprobs_for`` and the loss from
-        ``composer_replication.dpo.dpo_loss``, as in the loss library's channel 3.
-
-        Returns:
-            A scalar (``0`` when the channel is off or no row has a pair).
-        """
-        device = inputs["completion_ids"].device
-        if self.beta_replay == 0 or "dpo_chosen_input_ids" not in inputs:
-            return torch.zeros((), device=device)
-        c_resp, r_resp = inputs["dpo_chosen_response_mask"], inputs["dpo_rejected_response_mask"]
-        rows = (c_resp.any(-1) & r_resp.any(-1)).nonzero().squeeze(-1)
+        """Sigmoid DPO over the rows that carry a pair (nonzero chosen and rejected response masks), policy
+        log-probs from :meth:`_sequence_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
+        zero = torch.zeros((), device=inputs["completion_ids"].device)
+        if self.loss_config.beta_replay == 0 or "dpo_chosen_input_ids" not in inputs:
+            return zero
+        rows = (inputs["dpo_chosen_response_mask"].any(-1) & inputs["dpo_rejected_response_mask"].any(-1)).nonzero()
+        rows = rows.squeeze(-1)
         if rows.numel() == 0:
-            return torch.zeros((), device=device)
-        logps = {
-            side: self._sequence_logprobs(
-                model, inputs[f"dpo_{side}_input_ids"][rows], inputs[f"dpo_{side}_response_mask"][rows],
-                inputs[f"dpo_{side}_attention_mask"][rows], chunk_size=self.loss_chunk_size)
-            for side in ("chosen", "rejected")
-        }
-        loss, stats = dpo_loss(
-            logps["chosen"], logps["rejected"],
-            inputs["dpo_chosen_ref_logprobs"][rows], inputs["dpo_rejected_ref_logprobs"][rows],
-            beta=self.replay_dpo_beta,
-        )
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["composer/trace_replay_dpo"].append(float(loss.detach()))
-        self._metrics[mode]["composer/dpo_pairs"].append(float(rows.numel()))
-        for k, v in stats.items():
-            self._metrics[mode][f"composer/{k}"].append(float(v))
+            return zero
+        policy = self.accelerator.unwrap_model(model)
+        logps = [self._sequence_logprobs(policy, *(inputs[f"dpo_{side}_{k}"][rows] for k in
+                                                   ("input_ids", "response_mask", "attention_mask")),
+                                         chunk_size=self.loss_config.chunk_size) for side in ("chosen", "rejected")]
+        loss, stats = dpo_loss(*logps, inputs["dpo_chosen_ref_logprobs"][rows], inputs["dpo_rejected_ref_logprobs"][rows],
+                               beta=self.loss_config.replay_dpo_beta)
+        self._record(**{("dpo" if k == "dpo/loss" else k): v for k, v in stats.items()}, **{"dpo/num_pairs": rows.numel()})
         return loss
 
     @staticmethod
@@ -293,8 +275,5 @@ class ComposerReplicationTrainer(GRPOTrainer):
         *,
         chunk_size: int | None = 1024,
     ) -> torch.Tensor:
-        """Summed log-probs of the response tokens, ``[P]``, for ``input_ids`` / masks ``[P, T]``.
-
-        ``composer_replication.loss.sequence_logprobs_for`` (chunked, positions from the attention mask).
-        """
+        """Summed response log-probs ``[P]`` of ``input_ids`` / masks ``[P, T]`` (``losses.sequence_logprobs_for``)."""
         return sequence_logprobs_for(model, input_ids, response_mask, attention_mask, chunk_size=chunk_size)

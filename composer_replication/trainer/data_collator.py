@@ -1,25 +1,15 @@
-"""ComposerDataCollator: agentic traces -> one training batch for the three channels.
+"""ComposerDataCollator (the spec's ``trainer.data_collator``): agentic traces -> one batch for the three channels.
 
-The batch keys follow the project's batch contract (``docs/collator.md``):
+Batch keys (the batch contract, ``docs/collator.md``): channel 1 ``input_ids``, ``attention_mask``,
+``response_mask`` (each assistant turn's text tokens plus its end-of-turn token, never the role header), ``rewards``,
+``group_ids`` when examples share a prompt; channel 2 ``ctx_teacher_input_ids``, ``ctx_teacher_attention_mask``,
+``sdpo_loss_mask``, ``sdpo_student_index``, ``sdpo_teacher_index``; channel 3
+``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``.
 
-- channel 1 (policy): ``input_ids``, ``attention_mask``, ``response_mask`` (the assistant tokens:
-  each assistant turn's text tokens plus its end-of-turn token, never the role header), ``rewards``,
-  and ``group_ids`` when examples share a prompt;
-- channel 2 (self-distillation at error sites, SDPO): ``ctx_teacher_input_ids``,
-  ``ctx_teacher_attention_mask``, ``sdpo_loss_mask``, ``sdpo_student_index``, ``sdpo_teacher_index``;
-- channel 3 (trace-replay DPO): ``dpo_{chosen,rejected}_{input_ids,attention_mask,response_mask}``.
-
-Chat formatting lives in :mod:`composer_replication.chat_format` and is re-exported here
-(``build_prompt_ids``, ``build_response_ids``, ``build_hinted_teacher_sequence``, ...): a prompt is
-the chat template with the generation prompt, a response is the action text's tokens plus the
-end-of-turn token, and assistant tool calls are rendered as action text
-(``[TOOL_USE] name=NAME input={json}``) so student, teachers and rollouts share one textual form.
-
-A student row renders the whole conversation turn by turn: for each assistant turn, the template
-text of the history before it (only the part not yet rendered) and then that turn's response ids
-(:func:`build_response_ids`); turns after the last assistant turn are dropped. Each assistant turn's
-response therefore appears in the row as exactly the ids :func:`build_response_ids` gives, which is
-what channel 2 copies into the teacher row.
+A student row renders the conversation turn by turn (:mod:`composer_replication.chat_format`): for each assistant
+turn, the template text of the history not yet rendered, then that turn's response ids (``build_response_ids``);
+turns after the last assistant turn are dropped. So each response appears in the row as exactly the ids that
+channel 2 copies into the teacher row (``batching.hinted_batch``).
 """
 
 from __future__ import annotations
@@ -37,18 +27,16 @@ import torch
 from composer_replication.actions import parse_action
 from composer_replication.batching import (
     BatchingStats,
-    TeacherRow,
+    HintedRow,
     TokenizedPair,
+    hinted_batch,
     pad_rows,
     preference_batch,
-    teacher_batch,
     tokenize_pair,
 )
 from composer_replication.chat_format import (
-    ROLES,
     TokenizerLike,
     build_hinted_teacher_sequence,
-    build_prompt_ids,
     build_response_ids,
     encode_text,
     end_of_turn_id,
@@ -63,25 +51,9 @@ from composer_replication.trainer.collator_config import (
 )
 from composer_replication.types import PreferencePair
 
-__all__ = [
-    "TraceTurn",
-    "TraceExample",
-    "TokenizerLike",
-    "CollatorConfig",
-    "CollatorStats",
-    "ComposerDataCollator",
-    "ROLES",
-    "to_chat_messages",
-    "end_of_turn_id",
-    "build_prompt_ids",
-    "build_response_ids",
-    "build_hinted_teacher_sequence",
-]
+__all__ = ["TraceTurn", "TraceExample", "TokenizerLike", "CollatorConfig", "CollatorStats", "ComposerDataCollator"]
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------- the collator
 
 
 @dataclass
@@ -96,17 +68,10 @@ class _StudentRow:
 
 @dataclass
 class ComposerDataCollator:
-    """Build trainer-ready batches (channels 1-3) from :class:`TraceExample` dicts.
+    """Trainer-ready batches (channels 1-3) from :class:`TraceExample` dicts (the spec's collator):
+    ``ComposerDataCollator(tok, CollatorConfig(hint_generator=make_hint_generator()))(examples)``.
 
-    Example::
-
-        collator = ComposerDataCollator(tokenizer=tok, config=CollatorConfig(
-            hint_generator=make_hint_generator()))
-        batch = collator([{"turns": [{"role": "user", "content": "hi"},
-                                     {"role": "assistant", "content": "hello"}], "final_reward": 1.0}])
-        batch["input_ids"].shape  # [B, T]
-
-    Raises (from ``__call__``): ``ValueError`` for an empty batch, an example without an assistant
+    ``__call__`` raises ``ValueError`` (naming the example) for an empty batch, an example without an assistant
     turn, an unknown role, a response longer than the cap, or a malformed DPO pair.
     """
 
@@ -122,31 +87,23 @@ class ComposerDataCollator:
             )
         self._eot = end_of_turn_id(self.tokenizer)
         self._eot_text = self.tokenizer.decode([self._eot])
-        pad = self.config.pad_token_id
-        for candidate in (
-            getattr(self.tokenizer, "pad_token_id", None),
-            getattr(self.tokenizer, "eos_token_id", None),
-        ):
-            pad = candidate if pad is None else pad
+        pad = next((p for p in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None),
+                                 getattr(self.tokenizer, "eos_token_id", None)) if p is not None), None)
         if pad is None:
-            raise ValueError(
-                "no pad id: the tokenizer has no pad_token_id/eos_token_id; set CollatorConfig.pad_token_id"
-            )
+            raise ValueError("no pad id: the tokenizer has no pad_token_id/eos_token_id; set CollatorConfig.pad_token_id")
         self._pad_id = int(pad)
         side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
         if side not in ("left", "right"):
             raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {side!r}")
         self._side = side
 
-    # ------------------------------------------------------------------ entry point
-
     def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
-        """Collate ``batch`` into the contract's tensors (see the module docstring for the keys)."""
+        """Collate ``batch`` into the contract's tensors (module docstring)."""
         if isinstance(batch, Mapping) or not isinstance(batch, Sequence) or len(batch) == 0:
             raise ValueError(f"batch must be a non-empty list of TraceExample dicts, got {batch!r:.80}")
         cfg = self.config
         rows: list[_StudentRow] = []
-        teachers: list[tuple[TeacherRow, int]] = []
+        teachers: list[tuple[HintedRow, int]] = []
         pairs: list[TokenizedPair] = []
         for b, ex in enumerate(batch):
             try:
@@ -167,8 +124,6 @@ class ComposerDataCollator:
             out.update(preference_batch(pairs, self._pad_id, side=self._side))
         return out
 
-    # ------------------------------------------------------------------ channel 1
-
     def _messages(self, ex: Any) -> tuple[list[dict[str, str]], list[Mapping[str, Any]]]:
         if not isinstance(ex, Mapping):
             raise ValueError(f"an example must be a dict with 'turns', got {type(ex).__name__}")
@@ -183,19 +138,15 @@ class ComposerDataCollator:
         if not asst:
             raise ValueError("has no assistant turn: channel 1 needs at least one assistant response")
         if asst[0] == 0:
-            raise ValueError(
-                "turn 0 is an assistant turn: put a system or user turn before the first assistant turn"
-            )
+            raise ValueError("turn 0 is an assistant turn: put a system or user turn before the first assistant turn")
         ids: list[int] = []
         spans: dict[int, tuple[int, int]] = {}
         consumed = ""
         for i in asst:
             text = render_chat_text(tok, msgs[:i], True)
             if not text.startswith(consumed):
-                raise ValueError(
-                    f"the chat template rewrites the history before turn {i} (its rendering is not an extension "
-                    "of the earlier turns'); use a prefix-stable template such as ChatML"
-                )
+                raise ValueError(f"the chat template rewrites the history before turn {i} (its rendering is not an "
+                                 "extension of the earlier turns'); use a prefix-stable template such as ChatML")
             ids += encode_text(tok, text[len(consumed) :])
             resp = build_response_ids(tok, msgs[i]["content"])
             spans[i] = (len(ids), len(ids) + len(resp))
@@ -205,10 +156,8 @@ class ComposerDataCollator:
         prompt_key = tuple(ids[:last_start])
         cap = self.config.max_seq_len
         if last_end - last_start >= cap:
-            raise ValueError(
-                f"the last assistant response has {last_end - last_start} tokens but max_seq_len={cap} must "
-                "exceed it (response + at least one context token); raise max_seq_len or drop the example"
-            )
+            raise ValueError(f"the last assistant response has {last_end - last_start} tokens but max_seq_len={cap} "
+                             "must exceed it (response + at least one context token); raise max_seq_len or drop it")
         cut = max(0, len(ids) - cap)
         if cut:
             self.stats.truncated_policy += 1
@@ -254,19 +203,14 @@ class ComposerDataCollator:
                 rewards.append(self._reward(ex))
             except ValueError as e:
                 raise ValueError(f"example {b}: {e}") from e
-        ids, offsets = self._pad([r.ids for r in rows], self._pad_id)
-        out = {
-            "input_ids": ids,
-            "attention_mask": self._pad([[1] * len(r.ids) for r in rows], 0)[0],
-            "response_mask": self._pad([r.mask for r in rows], 0)[0],
-            "rewards": torch.tensor(rewards, dtype=torch.float32),
-        }
+        ids, offsets = pad_rows([r.ids for r in rows], self._pad_id, side=self._side)
+        out = {"input_ids": ids, "attention_mask": pad_rows([[1] * len(r.ids) for r in rows], 0, side=self._side)[0],
+               "response_mask": pad_rows([r.mask for r in rows], 0, side=self._side)[0],
+               "rewards": torch.tensor(rewards, dtype=torch.float32)}
         group_ids = self._group_ids(batch, rows)
         if group_ids is not None:
             out["group_ids"] = group_ids
         return out, offsets
-
-    # ------------------------------------------------------------------ channel 2
 
     def _error_sites(self, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]]) -> dict[int, dict]:
         """``{assistant turn index: hint context}`` for every marked error (see :class:`TraceTurn`)."""
@@ -276,9 +220,7 @@ class ComposerDataCollator:
             if not err and not meta:
                 continue
             if meta is not None and not isinstance(meta, Mapping):
-                raise ValueError(
-                    f"turn {j}: error_meta must be a dict (a HintContext), got {type(meta).__name__}"
-                )
+                raise ValueError(f"turn {j}: error_meta must be a dict (a HintContext), got {type(meta).__name__}")
             role = msgs[j]["role"]
             if role == "tool":
                 site = max((i for i in range(j) if msgs[i]["role"] == "assistant"), default=None)
@@ -287,10 +229,8 @@ class ComposerDataCollator:
             elif role == "assistant":
                 site = j
             else:
-                raise ValueError(
-                    f"turn {j} has role {role!r} but carries tool_error/error_meta; mark the assistant turn "
-                    "whose tool call failed, or its tool result"
-                )
+                raise ValueError(f"turn {j} has role {role!r} but carries tool_error/error_meta; mark the assistant "
+                                 "turn whose tool call failed, or its tool result")
             ctx = dict(meta or {})
             if err and ctx.get("error_kind") and err != ctx["error_kind"]:
                 ctx.setdefault("error_message", str(err))
@@ -306,8 +246,8 @@ class ComposerDataCollator:
 
     def _teacher_rows(
         self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]], row: _StudentRow
-    ) -> list[tuple[TeacherRow, int]]:
-        out: list[tuple[TeacherRow, int]] = []
+    ) -> list[tuple[HintedRow, int]]:
+        out: list[tuple[HintedRow, int]] = []
         cap = self.config.max_seq_len
         generate = self.config.hint_generator
         assert generate is not None
@@ -326,14 +266,12 @@ class ComposerDataCollator:
             if cut:
                 self.stats.truncated_sdpo += 1
                 ids, start = ids[cut:], start - cut
-            out.append((TeacherRow(tuple(ids), start, b, 0), s))  # column fixed once the student batch is padded
+            out.append((HintedRow(tuple(ids), start, b, 0), s))  # column fixed once the student batch is padded
         return out
 
-    def _channel2(self, teachers: list[tuple[TeacherRow, int]], student_offsets: list[int]) -> dict[str, torch.Tensor]:
+    def _channel2(self, teachers: list[tuple[HintedRow, int]], student_offsets: list[int]) -> dict[str, torch.Tensor]:
         rows = [dataclasses.replace(t, student_col=student_offsets[t.student_row] + s) for t, s in teachers]
-        return teacher_batch(rows, self._pad_id, side=self._side)
-
-    # ------------------------------------------------------------------ channel 3
+        return hinted_batch(rows, self._pad_id, side=self._side)
 
     def _dpo_pair(self, k: int, pair: Any) -> TokenizedPair | None:
         """Tokenize one ``dpo_pairs`` entry (a ``PreferencePair`` or the spec's ``DPOPair`` dict)."""
@@ -347,7 +285,3 @@ class ComposerDataCollator:
         self.stats.truncated_dpo += self.stats_batching.truncated - before
         self.stats.skipped_dpo += out is None
         return out
-
-    def _pad(self, seqs: list[list[int]], fill: int) -> tuple[torch.Tensor, list[int]]:
-        """``[N, T]`` long tensor of ``seqs`` padded on the configured side, and each row's first column."""
-        return pad_rows(seqs, fill, side=self._side)

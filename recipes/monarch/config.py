@@ -1,10 +1,14 @@
 """The Monarch recipe's configuration tree, its presets, and every check that runs before a process is spawned.
 
-``RecipeConfig`` nests the student's :class:`~composer_replication.engine.StudentConfig` with the
-recipe's own sections (``data``, ``teachers``, ``mesh``, ``diloco``, ``run``). :func:`load_config` reads a preset
-name (``single_node``, ``tiny``, ``gpu_single_node``...) or a YAML path, applies ``key.sub=value``
-overrides, builds the typed tree (unknown keys and wrong types name the dotted key), then
-:func:`check_config` checks files and sizes. All of this happens in the controller, before any mesh.
+``RecipeConfig`` nests the student's :class:`~composer_replication.engine.StudentConfig` with the recipe's own
+sections (``data``, ``teachers``, ``mesh``, ``diloco``, ``run``). :func:`load_config` reads a preset name or a YAML
+path, applies ``key.sub=value`` overrides, builds the typed tree (a bad key or type names the dotted key), then
+:func:`check_config` checks the files. All of this runs in the controller, before any mesh.
+
+Every number of the tree has an interval (a ``check_ranges`` table in each section's ``__post_init__``; timeouts
+at most 7 days). Strings are at most 4096 characters; those that name files, models, teachers, workers or devices
+are checked here, SLURM's own strings (``partition``, ``time``, ``extra_args``...) by ``sbatch`` before any spawn
+(exit 2); ``mesh.slurm.job_name`` and ``partition`` are otherwise unbounded.
 """
 
 from __future__ import annotations
@@ -17,29 +21,15 @@ from typing import Any, Literal
 import yaml
 
 from composer_replication.diloco.config import DilocoConfig
-from composer_replication.engine import StudentConfig, apply_overrides, from_dict, to_dict
-from composer_replication.engine.config import yaml_error_text
-from composer_replication.losses.config import check_key
-from recipes.monarch.run_folder import check_fresh_run_dir, open_run_dir
+from composer_replication.engine import StudentConfig
+from composer_replication.engine.config import apply_overrides, from_dict, load_yaml, to_dict, yaml_error_text
+from composer_replication.losses.config import check_key, check_ranges, shown
 
-__all__ = [
-    "PRESETS_DIR",
-    "DataConfig",
-    "TeachersConfig",
-    "MeshConfig",
-    "DilocoConfig",
-    "RunConfig",
-    "RecipeConfig",
-    "list_presets",
-    "load_config",
-    "check_config",
-    "config_to_yaml",
-    "resume_config",
-    "check_fresh_run_dir",
-    "open_run_dir",
-]
+__all__ = ["PRESETS_DIR", "DataConfig", "TeachersConfig", "MeshConfig", "SlurmConfig", "DilocoConfig", "RunConfig",
+           "RecipeConfig", "list_presets", "load_config", "check_config", "config_to_yaml", "resume_config"]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+_WEEK, _BIG = "(0, 604800]", "[0, 1e9]"  # a timeout (seconds), a count
 
 
 @dataclass(kw_only=True)
@@ -47,41 +37,36 @@ class DataConfig:
     """Where the traces and tasks come from, and which sessions are held out for evaluation."""
 
     sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/train/*.jsonl"])
-    """Training trace files or glob patterns (any format ``ingest_any`` reads); relative paths are tried from the
-    current folder, then from the repository root; ``bundled:<glob>`` names the bundled data (synthetic
-    Claude Code sessions: ``sessions/train/`` and ``sessions/heldout/``)."""
+    """Training trace files or globs (any format ``ingest_any`` reads; ``recipes.monarch.data`` resolves them)."""
     max_states: int = 32
     """Trace states kept for replay and training: a fixed draw spread over all the sessions."""
     max_history_tokens: int | None = None
     """Trim each state's history to this many (approximate) tokens; ``null`` keeps the ingester's default."""
     tasks: str | None = None
-    """Python tasks JSONL for ``student.rollout.environment`` ``python_tasks``/``mixed``; ``null`` = bundled."""
+    """Tasks JSONL: Python tasks for ``student.rollout.environment`` ``python_tasks``/``mixed``, agentic tasks
+    (``rollout.agent`` format) for ``agentic``; ``null`` = the bundled ones (``agentic``: the train split)."""
+    eval_tasks: str | None = None
+    """``agentic``: held-out tasks JSONL, evaluated only (``null`` = the bundled held-out split; ``""``: none)."""
+    max_tasks: int = 0
+    """``agentic``: tasks kept for training, a fixed draw spread over them (0: all)."""
+    max_eval_tasks: int = 0
+    """``agentic``: held-out tasks evaluated, a fixed draw (0: all)."""
     pairs: str | None = None
-    """A ``pairs.jsonl`` to train channel 3 on (e.g. written by ``python -m composer_replication.teacher_replay``
-    with or without ``--normalize``); ``null`` replays the states with ``teachers`` instead."""
+    """A ``pairs.jsonl`` to train channel 3 on (the replay CLI writes one); ``null`` replays with ``teachers``."""
     eval_sessions: list[str] = field(default_factory=lambda: ["bundled:sessions/heldout/*.jsonl"])
-    """Held-out session files or globs (read like ``sessions``; none may also be a training file). Their states
-    are the evaluation prompts, scored against the recorded actions, and enter no training channel (no replay,
-    no pairs, no rollouts). ``[]``: evaluate on training prompts (see ``num_eval_prompts``)."""
+    """Held-out sessions, read like ``sessions``: the evaluation prompts, in no training channel."""
     max_eval_states: int = 24
     """Held-out states evaluated: a fixed draw spread over the held-out sessions (0: all of them)."""
     eval_max_new_tokens: int | None = None
     """Tokens of a greedy evaluation answer; ``null``: ``student.rollout.max_new_tokens``."""
     num_eval_prompts: int = 0
-    """Only with ``eval_sessions: []``: training prompts held out for the evaluation (they and their pairs are
-    not trained on). 0 evaluates on the first training prompts."""
+    """With ``eval_sessions: []``: training prompts held out (with their pairs); 0: evaluate on the first ones."""
 
     def __post_init__(self) -> None:
-        if self.num_eval_prompts and self.eval_sessions:
-            raise ValueError(
-                f"'data.num_eval_prompts' ({self.num_eval_prompts}) holds out training prompts, but "
-                "'data.eval_sessions' already holds out whole sessions; set data.eval_sessions=[] or "
-                "data.num_eval_prompts=0"
-            )
-        if self.max_eval_states < 0:
-            raise ValueError(f"'data.max_eval_states' must be >= 0 (0: all held-out states), got {self.max_eval_states}")
-        if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
-            raise ValueError(f"'data.eval_max_new_tokens' must be >= 1 or null, got {self.eval_max_new_tokens}")
+        check_ranges(self, "data", {"max_states": "[1, 1e9]", "max_history_tokens": "[1, 1e9]", "max_eval_states": _BIG,
+                                    "eval_max_new_tokens": "[1, 1048576]", "num_eval_prompts": _BIG,
+                                    "max_tasks": _BIG, "max_eval_tasks": _BIG})
+        check_key(bool(self.sessions), "data.sessions", "must list at least one trace file or glob")
 
 
 @dataclass(kw_only=True)
@@ -89,9 +74,8 @@ class TeachersConfig:
     """Teacher replay (channel 3 data)."""
 
     slugs: list[str] = field(default_factory=lambda: ["recorded"])
-    """Teachers: ``recorded`` (the session's recorded action: distil the agent that recorded the traces, offline,
-    cost 0), OpenRouter-style ``author/model`` slugs (frontier teachers replay the traces), or ``local:<model>``
-    (an in-process model, offline, cost 0). ``recorded`` counts as one teacher toward ``agreement_threshold``."""
+    """``recorded`` (the session's recorded action, offline, cost 0; one teacher toward ``agreement_threshold``),
+    OpenRouter-style ``author/model`` slugs (frontier teachers replay the traces), or ``local:<model>`` (in-process)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for every non-local teacher (``null``: OpenRouter; key from ``$OPENROUTER_API_KEY``)."""
     input_per_mtok: float = 0.0
@@ -107,24 +91,67 @@ class TeachersConfig:
     temperature: float = 0.0
     """Teacher sampling temperature (0: greedy, reproducible)."""
     seed: int = 0
-    """Teacher sampling seed (kept apart from ``student.seed``, so runs that differ only in the student's
-    seed replay identical requests and can share a ledger)."""
+    """Teacher sampling seed (apart from ``student.seed``: runs that differ in it replay identical requests)."""
     timeout_s: float = 120.0
     """Per-request timeout of HTTP teachers."""
     normalize: bool = True
     """Run the replaysim normalizer (the bundled default recipe: drops degenerate teacher output) on the pairs."""
     student_samples: Literal["auto", "always", "never"] = "auto"
-    """The rejected side of a pair. ``always``: the student's own action at the state, sampled from ``student.model``
-    with the student's rollout settings (``student.rollout.max_new_tokens`` / ``temperature`` / ``top_p``, seed
-    ``teachers.seed``); on-policy, and re-sampled during training every ``student.rollout.pair_refresh_every``
-    steps. ``never``: the session's recorded action (frontier teachers replaying the student's recorded traces).
-    ``auto``: ``always`` when ``recorded`` is listed, else ``never``."""
+    """The rejected side of a pair. ``always``: the student's own action, drawn by each training step from its own
+    rollouts at the pair's state (same policy, zero staleness; ``engine.pairs``). ``never``: the session's recorded
+    action (frontier teachers replaying the traces). ``auto``: ``always`` when ``recorded`` is listed."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "teachers", {"input_per_mtok": "[0, 1e6]", "output_per_mtok": "[0, 1e6]",
+                                        "max_total_usd": "[0, 1e9]", "agreement_threshold": "[1, 1024]",
+                                        "max_tokens": "[1, 1048576]", "temperature": "[0, 100]",
+                                        "seed": "[0, 9223372036854775808)", "timeout_s": _WEEK})
+        check_key(bool(self.slugs) and all(s.strip() for s in self.slugs), "teachers.slugs",
+                  f"must list teachers (e.g. ['recorded']), none empty; got {shown(self.slugs)}")
+        check_key(self.base_url is None or self.base_url.startswith(("http://", "https://")), "teachers.base_url",
+                  f"must be an http:// or https:// URL or null, got {shown(self.base_url)}")
+
+
+@dataclass(kw_only=True)
+class SlurmConfig:
+    """``mesh.launcher: slurm``: one batch job through ``monarch.job.SlurmJob``, a Monarch worker per node."""
+
+    partition: str | None = None
+    """Partition to submit to (``null``: the cluster's default)."""
+    nodes: int = 0
+    """Nodes of the job (0: ``diloco.replicas``); nodes beyond one per replica are spares for ``on_host_loss``."""
+    cpus_per_task: int | None = None
+    """``--cpus-per-task`` of each node's worker (``null``: the partition's default)."""
+    gpus_per_node: int | None = None
+    """``--gpus-per-node`` (``null``: none asked); a replica uses its node's first GPU (``student.device: auto``)."""
+    time: str | None = "01:00:00"
+    """``--time`` limit (``HH:MM:SS``): it also ends the job should the controller be killed."""
+    job_name: str = "diloco"
+    """Job name (SlurmJob appends the controller's pid)."""
+    extra_args: list[str] = field(default_factory=list)
+    """More ``sbatch`` options, e.g. ``["--account=a", "--qos=high", "--no-kill"]``."""
+    attach: bool = False
+    """Use the allocation this controller runs in (inside ``salloc`` or an ``sbatch`` script) instead of submitting."""
+    pending_timeout_s: float = 600.0
+    """Give up (and cancel) when the job has not started, or its workers do not listen, within this many seconds."""
+    port: int = 26600
+    """Node ``k``'s worker listens at ``<NodeAddr>:port+k``; restarted workers take the ports above."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "mesh.slurm", {"nodes": "[0, 4096]", "cpus_per_task": "[1, 4096]", "gpus_per_node": "[0, 64]",
+                                          "pending_timeout_s": _WEEK, "port": "[1, 65535]"})
 
 
 @dataclass(kw_only=True)
 class MeshConfig:
     """Process meshes, timeouts and supervision."""
 
+    launcher: Literal["local", "workers", "slurm", "kubernetes"] = "local"
+    """Where the hosts come from: ``local`` (this host), ``workers`` (the Monarch workers in ``workers``; listing
+    workers implies it), ``slurm`` (a SLURM job, ``mesh.slurm``; one DiLoCo replica per node). ``kubernetes`` is
+    not wired (untested here): start workers with ``KubernetesJob`` and use ``workers`` (docs/diloco.md)."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """The SLURM job of ``launcher: slurm``."""
     num_replicas: int = 1
     """Trainer processes without DiLoCo: 1 (more would train separate models and is refused; use
     ``diloco.replicas`` for replicas that train one model)."""
@@ -148,6 +175,20 @@ class MeshConfig:
     reducer_worker: int = 0
     """Index into ``workers`` of the reducer's host."""
 
+    def __post_init__(self) -> None:
+        check_ranges(self, "mesh", {"num_replicas": "[1, 1024]", "setup_timeout_s": _WEEK, "replay_timeout_s": _WEEK,
+                                    "call_timeout_s": _WEEK, "threads_per_proc": "[0, 4096]",
+                                    "teacher_worker": "[0, 4096]", "reducer_worker": "[0, 4096]"})
+        if self.launcher == "local" and self.workers:
+            self.launcher = "workers"
+        if self.launcher == "kubernetes":
+            raise ValueError("'mesh.launcher' kubernetes is not wired (untested here): start the workers with "
+                             "monarch.job.kubernetes.KubernetesJob and set mesh.launcher=workers mesh.workers=[...] "
+                             "(docs/diloco.md)")
+        if self.launcher == "slurm" and (self.workers or self.spare_workers):
+            raise ValueError("'mesh.workers' / 'mesh.spare_workers' come from the SLURM job with mesh.launcher=slurm; "
+                             "leave them empty (spares: mesh.slurm.nodes above diloco.replicas)")
+
 
 @dataclass(kw_only=True)
 class RunConfig:
@@ -165,6 +206,10 @@ class RunConfig:
     """Also evaluate every N steps (``eval/*`` rows: the learning curve); 0: only at the start and the end."""
     display: Literal["rich", "plain", "none"] = "rich"
     """Progress display: ``rich`` (live bar + table), ``plain`` (a line per step) or ``none``."""
+
+    def __post_init__(self) -> None:
+        check_key(bool(self.dir.strip()), "run.dir", "must name a folder (e.g. runs/monarch-{time}), got an empty string")
+        check_ranges(self, "run", {"checkpoint_every": _BIG, "keep_last": "[1, 1e9]", "eval_every": _BIG})
 
 
 @dataclass(kw_only=True)
@@ -185,99 +230,71 @@ class RecipeConfig:
     """Run folder and display."""
 
     def __post_init__(self) -> None:
-        if not self.run.dir.strip():
-            raise ValueError("'run.dir' must name a folder (e.g. runs/monarch-{time}), got an empty string")
-        for key, value in (("data.max_states", self.data.max_states), ("mesh.num_replicas", self.mesh.num_replicas),
-                           ("teachers.agreement_threshold", self.teachers.agreement_threshold),
-                           ("teachers.max_tokens", self.teachers.max_tokens)):
-            check_key(value >= 1, key, f"must be >= 1, got {value!r}")
-        for key in ("setup_timeout_s", "replay_timeout_s", "call_timeout_s"):
-            if getattr(self.mesh, key) <= 0:
-                raise ValueError(f"'mesh.{key}' must be > 0 seconds, got {getattr(self.mesh, key)!r}")
-        if self.teachers.agreement_threshold > len(self.teachers.slugs):
-            raise ValueError(
-                f"'teachers.agreement_threshold' ({self.teachers.agreement_threshold}) cannot exceed the number of "
-                f"teachers in 'teachers.slugs' ({len(self.teachers.slugs)}); lower it or add teachers"
-            )
-        if not self.teachers.slugs:
-            raise ValueError("'teachers.slugs' must list at least one teacher (e.g. ['recorded'])")
-        if "recorded" in self.teachers.slugs and self.teachers.student_samples == "never":
-            raise ValueError("'teachers.slugs' lists 'recorded' but 'teachers.student_samples' is 'never': the rejected "
-                             "side would be the recorded action itself; set teachers.student_samples=auto")
-        if self.teachers.max_total_usd < 0 or self.teachers.temperature < 0:
-            raise ValueError("'teachers.max_total_usd' and 'teachers.temperature' must be >= 0")
-        if self.run.checkpoint_every < 0:
-            raise ValueError(f"'run.checkpoint_every' must be >= 0, got {self.run.checkpoint_every}")
-        if self.run.keep_last is not None and self.run.keep_last < 1:
-            raise ValueError(f"'run.keep_last' must be >= 1 or null, got {self.run.keep_last}")
-        if self.mesh.inject_fault:
-            from meshes.trainer import FaultSpec
+        t, m, r = self.teachers, self.mesh, self.student.rollout
+        check_key(t.agreement_threshold <= len(t.slugs), "teachers.agreement_threshold",
+                  f"({t.agreement_threshold}) cannot exceed the number of teachers in 'teachers.slugs' "
+                  f"({len(t.slugs)}); lower it or add teachers")
+        check_key("recorded" not in t.slugs or t.student_samples != "never", "teachers.slugs",
+                  "lists 'recorded' but 'teachers.student_samples' is 'never': the rejected side would be the recorded "
+                  "action itself; set teachers.student_samples=auto")
+        if m.inject_fault:
+            from meshes.supervision import FaultSpec
 
-            FaultSpec(self.mesh.inject_fault)
+            check_key(len(m.inject_fault) <= 200, "mesh.inject_fault",
+                      f"must look like 'ACTOR:RANK:STEP:MODE', got {shown(m.inject_fault)}")
+
+            FaultSpec(m.inject_fault)
         self._check_diloco()
-        r = self.student.rollout
-        if r.max_new_tokens >= self.student.max_seq_len:
-            raise ValueError(
-                f"'student.rollout.max_new_tokens' ({r.max_new_tokens}) must be < 'student.max_seq_len' "
-                f"({self.student.max_seq_len}): prompt and response must fit in one sequence"
-            )
+        check_key(r.max_new_tokens < self.student.max_seq_len, "student.rollout.max_new_tokens",
+                  f"({r.max_new_tokens}) must be < 'student.max_seq_len' ({self.student.max_seq_len}): prompt and "
+                  "response must fit in one sequence")
 
     def _check_diloco(self) -> None:
         """DiLoCo's cross-section rules (replicas, rounds against steps and checkpoints, workers)."""
         d, m = self.diloco, self.mesh
         for address in [*m.workers, *m.spare_workers]:
-            host_port = address.removeprefix("tcp://")
-            if not address.startswith("tcp://") or not host_port.rpartition(":")[2].isdigit():
-                raise ValueError(f"'mesh.workers' / 'mesh.spare_workers' entry {address!r} must look like "
-                                 "tcp://HOST:PORT")
-        if len(set(m.workers + m.spare_workers)) != len(m.workers) + len(m.spare_workers):
-            raise ValueError("'mesh.workers' and 'mesh.spare_workers' must list each address once")
+            check_key(address.startswith("tcp://") and address.rpartition(":")[2].isdigit(),
+                      "mesh.workers' / 'mesh.spare_workers", f"entry {shown(address)} must look like tcp://HOST:PORT")
+        check_key(len(set(m.workers + m.spare_workers)) == len(m.workers) + len(m.spare_workers),
+                  "mesh.workers' and 'mesh.spare_workers", "must list each address once")
         for key in ("teacher_worker", "reducer_worker"):
-            if m.workers and not 0 <= getattr(m, key) < len(m.workers):
-                raise ValueError(f"'mesh.{key}' must index 'mesh.workers' (0..{len(m.workers) - 1}), "
-                                 f"got {getattr(m, key)}")
+            check_key(not m.workers or 0 <= getattr(m, key) < len(m.workers), f"mesh.{key}",
+                      f"must index 'mesh.workers' (0..{len(m.workers) - 1}), got {getattr(m, key)}")
         if not d.enabled:
-            if m.num_replicas > 1:
-                raise ValueError(f"'mesh.num_replicas' is {m.num_replicas}: replicas that do not sync train "
-                                 f"{m.num_replicas} separate models; set 'diloco.replicas: {m.num_replicas}' "
-                                 "instead (replicas that train one model, docs/diloco.md)")
-            if m.workers:
-                raise ValueError("'mesh.workers' needs 'diloco.replicas' >= 2 (replicas are what runs on the workers)")
+            check_key(m.num_replicas == 1, "mesh.num_replicas",
+                      f"is {m.num_replicas}: replicas that do not sync train {m.num_replicas} separate models; set "
+                      f"'diloco.replicas: {m.num_replicas}' instead (replicas that train one model, docs/diloco.md)")
+            check_key(not m.workers and m.launcher != "slurm", "mesh.launcher",
+                      f"{m.launcher} needs 'diloco.replicas' >= 2 (replicas are what runs on the hosts)")
             return
-        if m.num_replicas != 1:
-            raise ValueError(f"'mesh.num_replicas' is {m.num_replicas} and 'diloco.replicas' is {d.replicas}: "
-                             "set only diloco.replicas (replicas that train one model)")
-        if self.student.num_steps % d.sync_every:
-            raise ValueError(f"'student.num_steps' ({self.student.num_steps}) must be a multiple of "
-                             f"'diloco.sync_every' ({d.sync_every}): the run ends on a sync, with one model")
-        if self.run.checkpoint_every % d.sync_every:
-            raise ValueError(f"'run.checkpoint_every' ({self.run.checkpoint_every}) must be a multiple of "
-                             f"'diloco.sync_every' ({d.sync_every}) (or 0): checkpoints are taken right after a sync")
-        if d.pg_timeout_s >= self.mesh.call_timeout_s:
-            raise ValueError(f"'diloco.pg_timeout_s' ({d.pg_timeout_s}) must be below 'mesh.call_timeout_s' "
-                             f"({self.mesh.call_timeout_s}): a step waiting on a dead peer must end before its call "
-                             "times out")
+        check_key(m.num_replicas == 1, "mesh.num_replicas", f"is {m.num_replicas} and 'diloco.replicas' is "
+                  f"{d.replicas}: set only diloco.replicas (replicas that train one model)")
+        check_key(m.launcher != "slurm" or not 0 < m.slurm.nodes < d.replicas, "mesh.slurm.nodes",
+                  f"({m.slurm.nodes}) is below 'diloco.replicas' ({d.replicas}): one replica per node; ask for "
+                  "more nodes (or 0: one per replica)")
+        check_key(self.student.num_steps % d.sync_every == 0, "student.num_steps", f"({self.student.num_steps}) must be "
+                  f"a multiple of 'diloco.sync_every' ({d.sync_every}): the run ends on a sync, with one model")
+        check_key(self.run.checkpoint_every % d.sync_every == 0, "run.checkpoint_every",
+                  f"({self.run.checkpoint_every}) must be a multiple of 'diloco.sync_every' ({d.sync_every}) (or 0): "
+                  "checkpoints are taken right after a sync")
+        check_key(d.pg_timeout_s < m.call_timeout_s, "diloco.pg_timeout_s", f"({d.pg_timeout_s}) must be below "
+                  f"'mesh.call_timeout_s' ({m.call_timeout_s}): a step waiting on a dead peer must end before its call "
+                  "times out")
 
-    def student_samples(self) -> dict[str, Any] | None:
-        """What the teacher actor needs to sample the student's own actions (``teachers.student_samples``), or
-        ``None`` when the rejected side is the recorded action."""
-        t, r = self.teachers, self.student.rollout
-        if t.student_samples == "never" or (t.student_samples == "auto" and "recorded" not in t.slugs):
-            return None
-        return {"model": self.student.model, "model_seed": self.student.seed, "max_new_tokens": r.max_new_tokens,
-                "temperature": r.temperature, "top_p": r.top_p, "seed": t.seed}
+    def rejected_from_rollout(self) -> bool:
+        """Whether the pairs' rejected side is drawn from the training step's rollouts (``teachers.student_samples``)
+        rather than the recorded action."""
+        t = self.teachers
+        return t.student_samples == "always" or (t.student_samples == "auto" and "recorded" in t.slugs)
 
     def teacher_specs(self) -> list[dict[str, Any]]:
         """The ``TeacherSpec`` list of ``teachers.slugs`` (local and recorded teachers cost 0)."""
         t, out = self.teachers, []
         for slug in t.slugs:
-            spec: dict[str, Any] = {"slug": slug, "input_per_mtok": 0.0, "output_per_mtok": 0.0,
-                                    "max_tokens": t.max_tokens, "temperature": t.temperature}
-            if not slug.startswith("local:") and slug != "recorded":
-                spec.update(input_per_mtok=t.input_per_mtok, output_per_mtok=t.output_per_mtok)
-                if t.base_url:
-                    spec["base_url"] = t.base_url
-            out.append(spec)
+            paid = not slug.startswith("local:") and slug != "recorded"
+            out.append({"slug": slug, "input_per_mtok": t.input_per_mtok if paid else 0.0,
+                        "output_per_mtok": t.output_per_mtok if paid else 0.0, "max_tokens": t.max_tokens,
+                        "temperature": t.temperature, **({"base_url": t.base_url} if paid and t.base_url else {})})
         return out
 
 
@@ -286,45 +303,31 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
-def _read_yaml(preset_or_path: str) -> dict[str, Any]:
-    path = Path(preset_or_path).expanduser()
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = PRESETS_DIR / f"{preset_or_path}.yaml"
-    if not path.is_file():
-        raise ValueError(
-            f"--config {preset_or_path!r} is neither a preset nor a YAML file; presets: {', '.join(list_presets())}"
-        )
-    return _load_yaml_file(path, "--config")
-
-
 def _load_yaml_file(path: Path, what: str) -> dict[str, Any]:
-    """The mapping a YAML config file holds, read with ``yaml.safe_load`` (plain YAML only).
-
-    Raises:
-        ValueError: the file cannot be read, is not valid YAML, uses a tag that would build a Python object
-            (``!!python/object``...), or does not hold a mapping; names the file and the line.
-    """
+    """The mapping a YAML config file holds (``load_yaml``: plain YAML only; ``ValueError`` naming the file and the
+    line for an unreadable file, bad YAML, a tag that builds a Python object, an anchor or alias, or no mapping)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ValueError(f"{what} {path} is not valid YAML: {yaml_error_text(exc)}; fix the file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} {path} cannot be read as UTF-8 text ({exc})") from None
-    data = {} if data is None else data
-    if not isinstance(data, dict):
+    if not isinstance(data, dict | None):
         raise ValueError(f"{what} {path} must hold a mapping of config sections, got {type(data).__name__}")
-    return data
+    return data or {}
 
 
 def load_config(preset_or_path: str = "single_node", overrides: list[str] | None = None) -> RecipeConfig:
-    """Read a preset or YAML file, apply ``key.sub=value`` overrides, build and check the typed tree.
-
-    ``run.dir``'s ``{time}`` is filled in here, so the returned config is fully resolved.
-
-    Raises:
-        ValueError: unknown preset, unknown key, wrong type, impossible size, or a missing file (names the key).
+    """A preset or YAML file with ``key.sub=value`` overrides, as the checked typed tree (``run.dir``'s ``{time}``
+    filled in). ``ValueError`` for an unknown preset, key or type, an impossible size, a missing file (names the key).
     """
-    data = apply_overrides(_read_yaml(preset_or_path), list(overrides or []))
+    path = Path(preset_or_path).expanduser()
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = PRESETS_DIR / f"{preset_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(f"--config {shown(preset_or_path)} is neither a preset nor a YAML file; presets: "
+                         f"{', '.join(list_presets())}")
+    data = apply_overrides(_load_yaml_file(path, "--config"), list(overrides or []))
     config = from_dict(RecipeConfig, data)
     config.run.dir = config.run.dir.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
     check_config(config)
@@ -332,44 +335,48 @@ def load_config(preset_or_path: str = "single_node", overrides: list[str] | None
 
 
 def check_config(config: RecipeConfig) -> None:
-    """Checks that need the file system: trace files, tasks file, local model folders.
-
-    Raises:
-        ValueError: naming the key and what is allowed.
-    """
-    if not config.data.sessions:
-        raise ValueError("'data.sessions' must list at least one trace file or glob")
+    """Checks that need the file system (trace, tasks and pairs files, model folders) or CUDA; ``ValueError`` naming
+    the key and what is allowed."""
     from recipes.monarch.data import eval_session_files, resolve_path, session_files
 
+    d = config.data
     session_files(config)
     eval_session_files(config)
-    if config.data.pairs is not None:
+    if d.pairs is not None:
         from composer_replication.teacher_replay import load_pairs
 
-        path = resolve_path(config.data.pairs)
-        if not path.is_file():
-            raise ValueError(f"'data.pairs' file {config.data.pairs!r} does not exist; give a pairs.jsonl or null")
+        check_key(_is(d.pairs, "file", repo=True), "data.pairs",
+                  f"file {shown(d.pairs)} does not exist; give a pairs.jsonl or null")
         try:
-            load_pairs(path)
+            load_pairs(resolve_path(d.pairs))
         except ValueError as exc:
             raise ValueError(f"'data.pairs': {exc}") from None
-    if config.data.tasks is not None and not resolve_path(config.data.tasks).is_file():
-        raise ValueError(f"'data.tasks' file {config.data.tasks!r} does not exist; give a tasks JSONL or null")
+    check_key(d.tasks is None or _is(d.tasks, "file", repo=True), "data.tasks",
+              f"file {shown(d.tasks)} does not exist; give a tasks JSONL or null")
     model = config.student.model
-    if model not in ("tiny", "smollm2-135m") and not Path(model).expanduser().is_dir():
-        raise ValueError(f"'student.model' must be 'tiny', 'smollm2-135m' or a model folder, got {model!r}")
+    check_key(model in ("tiny", "smollm2-135m") or _is(model, "dir"), "student.model",
+              f"must be 'tiny', 'smollm2-135m' or a model folder, got {shown(model)}")
     for slug in config.teachers.slugs:
         name = slug[len("local:"):].strip() if slug.startswith("local:") else None
-        if name and name not in ("tiny", "smollm2-135m") and not Path(name).expanduser().is_dir():
-            raise ValueError(
-                f"'teachers.slugs' entry {slug!r}: local teachers are 'local:tiny', 'local:smollm2-135m' or "
-                "'local:<model folder>'"
-            )
+        check_key(not name or name in ("tiny", "smollm2-135m") or _is(name, "dir"), "teachers.slugs",
+                  f"entry {shown(slug)}: local teachers are 'local:tiny', 'local:smollm2-135m' or 'local:<model folder>'")
     if config.student.device.startswith("cuda"):
         import torch
 
-        if not torch.cuda.is_available():
-            raise ValueError(f"'student.device' is {config.student.device!r} but CUDA is not available; use 'auto'")
+        check_key(torch.cuda.is_available(), "student.device",
+                  f"is {config.student.device!r} but CUDA is not available; use 'auto'")
+
+
+def _is(path: str | Path, kind: str, *, repo: bool = False) -> bool:
+    """Whether ``path`` (``repo``: also from the repository root) is a file (``kind="file"``) or a folder; ``False``
+    for a name the OS cannot even look up (too long, a NUL byte)."""
+    from recipes.monarch.data import resolve_path
+
+    try:
+        p = resolve_path(str(path)) if repo else Path(path).expanduser()
+        return p.is_file() if kind == "file" else p.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def config_to_yaml(config: RecipeConfig) -> str:
@@ -377,21 +384,16 @@ def config_to_yaml(config: RecipeConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-# ---------------------------------------------------------------------------- controller-side data
-
-
 def resume_config(run_dir: str, overrides: list[str] | None = None) -> RecipeConfig:
-    """The config of an existing run (its ``config.yaml``) with ``overrides`` applied; ``run.dir`` stays the run.
-
-    Raises:
-        ValueError: the folder has no ``config.yaml``, or a bad override.
-    """
+    """An earlier run's ``config.yaml`` with ``overrides`` (``run.dir`` stays the run; the retired key
+    ``student.rollout.pair_refresh_every`` is dropped). ``ValueError``: no ``config.yaml`` there, or a bad override."""
     if not str(run_dir).strip():
         raise ValueError("--resume needs the folder of an earlier run, got an empty string")
     path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise ValueError(f"--resume {run_dir!r}: no config.yaml there; give the folder of an earlier run")
-    data = apply_overrides(_load_yaml_file(path, f"--resume {run_dir!r}:"), list(overrides or []))
+    if not _is(path, "file"):
+        raise ValueError(f"--resume {shown(run_dir)}: no config.yaml there; give the folder of an earlier run")
+    data = apply_overrides(_load_yaml_file(path, f"--resume {shown(run_dir)}:"), list(overrides or []))
+    ((data.get("student") or {}).get("rollout") or {}).pop("pair_refresh_every", None)
     data.setdefault("run", {})["dir"] = str(run_dir)
     config = from_dict(RecipeConfig, data)
     check_config(config)

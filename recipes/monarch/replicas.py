@@ -11,18 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from composer_replication.diloco.replica import Lighthouse
-from meshes.hosts import is_loopback
+from meshes.hosts import ReplicaHosts, is_loopback
 from meshes.replicas import ReplicaSet
 from recipes.monarch.config import RecipeConfig
-from recipes.monarch.mesh_trainer import DilocoMeshTrainer
+from recipes.monarch.mesh_trainer import DilocoMeshReplicas as DilocoMeshTrainer
 
 __all__ = ["DilocoRun", "start_diloco", "lighthouse_host"]
 
 
-def lighthouse_host(cfg: RecipeConfig) -> str:
+def lighthouse_host(hosts: ReplicaHosts) -> str:
     """Where replicas reach the controller's lighthouse: loopback on one node or loopback workers, else the FQDN."""
-    workers = [*cfg.mesh.workers, *cfg.mesh.spare_workers]
-    return "127.0.0.1" if all(is_loopback(w) for w in workers) else socket.getfqdn()
+    return "127.0.0.1" if all(is_loopback(w) for w in [*hosts.workers, *hosts.spares]) else socket.getfqdn()
 
 
 @dataclass
@@ -35,11 +34,15 @@ class DilocoRun:
     setup: list[dict[str, Any]]
 
     def summary(self) -> dict[str, Any]:
-        """``replica_param_sha256`` (``{replica: digest}`` after the last sync), ``restarts`` and ``diloco_events``."""
+        """``replica_param_sha256`` (``{replica: digest}`` after the last sync), ``restarts``, ``diloco_events``
+        and, on named nodes (SLURM), ``replica_nodes`` (``{replica: node}`` at the end)."""
         events = [
             {k: v for k, v in ev.items() if k not in ("time", "healed_time")} for ev in self.replicas.events
         ]
+        hosts = self.replicas.hosts
+        nodes = {str(i): hosts.nodes.get(hosts.where(i)) for i in self.replicas.restarts} if hosts.nodes else {}
         return {
+            **({"replica_nodes": nodes} if nodes else {}),
             "replica_param_sha256": {str(i): d for i, d in self.trainer.last_digests.items()},
             "restarts": {str(i): n for i, n in self.replicas.restarts.items()},
             "dropped_replicas": sorted(self.replicas.dropped),
@@ -63,21 +66,25 @@ def start_diloco(
     pairs: list[Any],
     eval_states: list[dict[str, Any]] | None,
     on_event: Any,
+    tasks: tuple[list[Any], list[Any]] = ([], []),
 ) -> DilocoRun:
-    """Start the lighthouse, then spawn and set up ``diloco.replicas`` replicas, each on its own proc mesh.
+    """Start the lighthouse, then spawn and set up ``diloco.replicas`` replicas, each on its own proc mesh
+    (``tasks``: the ``agentic`` (train, held-out) tasks, ``recipes.monarch.data.load_agentic_tasks``).
 
     Raises:
         ActorFailure: a replica's setup failed or timed out.
     """
     m, d = cfg.mesh, cfg.diloco
-    lighthouse = Lighthouse(d, host=lighthouse_host(cfg))
+    lighthouse = Lighthouse(d, host=lighthouse_host(meshes.replica_hosts))
 
     def setup_args(index: int) -> tuple[tuple, dict]:
         return (cfg.student,), dict(
             states=states,
             pairs=pairs,
             world_size=d.replicas,
-            tasks_path=cfg.data.tasks,
+            tasks_path=None if tasks[0] else cfg.data.tasks,
+            tasks=tasks[0] or None,
+            eval_tasks=tasks[1] or None,
             num_eval_prompts=cfg.data.num_eval_prompts,
             eval_states=eval_states,
             eval_max_new_tokens=cfg.data.eval_max_new_tokens,

@@ -1,4 +1,4 @@
-"""The recipe's run folder checks: one run per folder, and a fresh run never writes into an earlier one.
+"""The recipe's run folder checks: one run per folder, and a fresh run writes only into a new or empty folder.
 
 Both run in the controller before any mesh is spawned; their errors are ``ValueError`` (the recipe prints
 ``config error: ...`` and exits 2).
@@ -10,22 +10,29 @@ import os
 from pathlib import Path
 
 from composer_replication.engine import RunDir
+from composer_replication.losses.config import shown
 
 __all__ = ["check_fresh_run_dir", "open_run_dir"]
 
 
 def check_fresh_run_dir(run_dir: str | os.PathLike[str]) -> None:
-    """A fresh run must not write into the folder of an earlier run (its metrics would mix).
+    """A fresh run writes only into a folder that does not exist or is empty (a ``.lock`` alone does not count):
+    it never overwrites the ``config.yaml``, ``summary.json`` or ``pairs.jsonl`` of a project or an earlier run.
 
     Raises:
-        ValueError: the folder already holds ``metrics.jsonl`` or checkpoints (use ``--resume`` or another ``run.dir``).
+        ValueError: the folder holds anything, naming it and its first entries (use ``--resume`` for a run).
     """
     path = Path(run_dir)
-    if (path / "metrics.jsonl").is_file() or any((path / "checkpoints").glob("step_*")):
-        raise ValueError(
-            f"'run.dir' {str(path)!r} already holds a run (metrics or checkpoints); continue it with "
-            f"--resume {path}, or choose another run.dir"
-        )
+    try:
+        names = sorted(p.name for p in path.iterdir() if p.name != ".lock") if path.is_dir() else []
+    except OSError as exc:
+        raise ValueError(f"'run.dir' {shown(str(path))} cannot be listed ({exc.strerror}); choose another run.dir"
+                         ) from None
+    if names:
+        more = f", ... ({len(names)} entries)" if len(names) > 5 else ""
+        raise ValueError(f"'run.dir' {shown(str(path))} is not empty (holds {shown(', '.join(names[:5]))[1:-1]}{more}): "
+                         "a fresh run writes only into a new or empty folder; choose another run.dir, or continue a "
+                         f"run there with --resume {shown(str(path))[1:-1]}")
 
 
 def open_run_dir(run_dir: str | os.PathLike[str], *, resuming: bool) -> RunDir:
@@ -36,15 +43,18 @@ def open_run_dir(run_dir: str | os.PathLike[str], *, resuming: bool) -> RunDir:
 
     Raises:
         ValueError: the folder is in use by another run (``RunDirInUseError``: names the folder and the
-            PID), holds an earlier run (fresh runs only), or cannot be created (names the folder).
+            PID), is not empty (fresh runs only), or cannot be created (names the folder).
     """
+    if not resuming:
+        check_fresh_run_dir(run_dir)  # before RunDir writes its .lock there
     try:
         run = RunDir(run_dir)
     except OSError as exc:
-        raise ValueError(f"'run.dir' {str(run_dir)!r} cannot be used as the run folder: {exc}") from exc
+        raise ValueError(f"'run.dir' {shown(str(run_dir))} cannot be used as the run folder: {exc.strerror or exc}"
+                         ) from exc
     if not resuming:
         try:
-            check_fresh_run_dir(run.path)
+            check_fresh_run_dir(run.path)  # again under the lock: a run that started since is not overwritten
         except ValueError:
             run.close()
             raise

@@ -1,52 +1,41 @@
 """PRIME-RL custom loss: PRIME-RL's default DPPO + KL loss, plus composer self-distillation (channel 2).
 
-Users who train with PRIME-RL (its trainer, its orchestrator, a vLLM inference server) add our channel 2
-without moving to our recipe. Wire it through PRIME-RL's ``CustomLossConfig`` (``import_path`` + kwargs)::
+For users who train with PRIME-RL (its trainer, orchestrator and vLLM server) and want channel 2 without our
+recipe. Wire it through PRIME-RL's ``CustomLossConfig``::
 
     [trainer.loss]
     type = "custom"
-    import_path = "recipes.prime_rl.composer_loss.composer_loss"
+    import_path = "recipes.prime_rl.composer_loss.loss_fn"   # or .composer_loss (the same function)
 
     [trainer.loss.kwargs]            # every key optional; the defaults are PRIME-RL's DefaultLossConfig
     alpha_sdpo = 0.1                 # channel-2 weight
     teacher_source = "ref_logprobs"  # inside PRIME-RL the teacher's log-probs travel as ref_logprobs
 
-Transcribed from PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77f3824a5e64
-(2026-08-21): ``src/prime_rl/trainer/rl/loss.py`` (``LossInputs``, ``LossOutputs``, ``default_loss_fn``,
-``ref_kl_loss_fn``) and ``packages/prime-rl-configs/src/prime_rl/configs/trainer.py`` (``DefaultLossConfig``,
-``CustomLossConfig``). The policy term is PRIME-RL's ``default_loss_fn``: DPPO-Binary TV
-(arXiv 2602.04879) with the Kimi-K2.5 KL (arXiv 2602.02276). Per token, with ``log r = lp - lp_inf``::
+Transcribed from PrimeIntellect-ai/prime-rl 559b447 (2026-08-21): ``src/prime_rl/trainer/rl/loss.py``
+(``LossInputs``, ``LossOutputs``, ``default_loss_fn``, ``ref_kl_loss_fn``) and ``prime-rl-configs``
+(``DefaultLossConfig``). The policy term is PRIME-RL's ``default_loss_fn``: DPPO-Binary TV (arXiv 2602.04879)
+with the Kimi-K2.5 KL (arXiv 2602.02276). Per token, with ``log r = lp - lp_inf``::
 
     dp      = exp(lp) - exp(lp_inf)                         # probability-space difference, not log r
-    masked  = dp > dppo_mask_high  where A > 0              # the mask follows the sign of the advantage
-              dp < -dppo_mask_low  elsewhere
+    masked  = dp > dppo_mask_high where A > 0, else dp < -dppo_mask_low
     keep    = loss_mask & ~masked
     policy  = -keep * (adv_tau * A) * r + kl_tau * loss_mask * (log r)^2
 
-Channel 2 (SDPO / OPSD self-distillation, arXiv 2601.20802 / 2601.18734) in PRIME-RL's per-token interface:
-the loss sees only the sampled tokens' log-probs, so the generalized JSD over the vocabulary is out of reach
-(it needs trainer changes); the sampled-token reverse-KL estimator is what fits. It is PRIME-RL's own
-``ref_kl`` form (its ``opd`` / ``opsd`` algorithms) with the hint-conditioned teacher as the target::
+Channel 2 (SDPO / OPSD, arXiv 2601.20802 / 2601.18734): the loss sees only the sampled tokens' log-probs, so the
+vocabulary JSD is out of reach; the sampled-token reverse-KL estimator is PRIME-RL's own ``ref_kl`` form (its
+``opd`` / ``opsd``) with the hint-conditioned teacher as the target::
 
     dkeep   = loss_mask & teacher_mask & ~(dp < -distill_mask_low)
-    distill = -dkeep * stopgrad(lp_teacher - lp) * r        # gradient: -(lp_T - lp) * r * grad lp
+    distill = -dkeep * stopgrad(lp_teacher - lp) * r
+    loss    = sum_t (policy + alpha_sdpo * distill) * loss_weights        # a SUM: PRIME-RL divides by its count
 
-    loss = sum_t (policy + alpha_sdpo * distill) * loss_weights        # SUM; PRIME-RL divides by its count
-
-With no teacher log-probs (or ``alpha_sdpo = 0``) the loss, its gradient and its metrics are PRIME-RL's
-default loss exactly (``tests/recipes/test_prime_rl_loss.py`` checks this against a transcription).
-
-Shapes. PRIME-RL calls the loss once per sample: every tensor is 1-D ``[seq]``. A batched ``[B, T]`` input
-raises ``ValueError`` (TROUBLESHOOTING §7); slice the batch per row instead.
-
-Where the teacher log-probs come from (``teacher_source``):
-- ``"teacher_logprobs"`` (default): ``ComposerLossInputs.teacher_logprobs`` (``[seq]``, with an optional
-  ``teacher_mask``), for runners of your own. PRIME-RL's ``LossInputs`` has no such field, so inside PRIME-RL
-  this source finds no teacher and the loss is PRIME-RL's default.
-- ``"ref_logprobs"``: ``LossInputs.ref_logprobs``, the one extra per-token stream PRIME-RL ships. Score the
-  sample's tokens under the hinted context (hint + the same response tokens) and put them there. PRIME-RL
-  packs samples without reference log-probs as zeros; a sample whose ``ref_logprobs`` are all exactly
-  ``0.0`` on its loss tokens is read as "no teacher" and skips channel 2.
+Without teacher log-probs (or with ``alpha_sdpo = 0``) the loss, gradient and metrics are PRIME-RL's default
+loss exactly. PRIME-RL calls the loss once per sample, every tensor ``[seq]``; a batched ``[B, T]`` input raises
+``ValueError`` (TROUBLESHOOTING §7). ``teacher_source``: ``"teacher_logprobs"`` (default) reads
+``ComposerLossInputs.teacher_logprobs`` / ``teacher_mask`` (runners of your own; PRIME-RL's ``LossInputs`` has no
+such field, so there the loss is the default one); ``"ref_logprobs"`` reads ``LossInputs.ref_logprobs``, the one
+extra per-token stream PRIME-RL ships (score the sample's tokens under the hinted context); a sample whose
+``ref_logprobs`` are all exactly 0 on its loss tokens (PRIME-RL's filler) has no teacher.
 """
 
 from __future__ import annotations
@@ -66,11 +55,7 @@ except ImportError:  # a mirror of PRIME-RL's dataclasses (same fields, same ord
 
     @dataclass
     class LossInputs:  # type: ignore[no-redef]
-        """PRIME-RL's per-sample loss inputs; every tensor is ``[seq]``.
-
-        ``loss_mask`` selects the tokens of the receiving loss component; ``loss_weights`` is its per-token
-        weight stream (``None`` means 1.0 everywhere).
-        """
+        """PRIME-RL's per-sample loss inputs, every tensor ``[seq]`` (``loss_weights`` ``None`` = 1.0)."""
 
         trainer_logprobs: Tensor
         inference_logprobs: Tensor
@@ -81,34 +66,22 @@ except ImportError:  # a mirror of PRIME-RL's dataclasses (same fields, same ord
 
     @dataclass
     class LossOutputs:  # type: ignore[no-redef]
-        """PRIME-RL's per-sample loss output: a scalar ``loss`` (a sum over tokens) and scalar ``metrics``."""
+        """PRIME-RL's per-sample output: a scalar ``loss`` (a sum over tokens) and scalar ``metrics``."""
 
         loss: Tensor
         metrics: dict[str, Tensor]
 
 
-__all__ = [
-    "ComposerLossInputs",
-    "DPPOMaskWarning",
-    "LossInputs",
-    "LossOutputs",
-    "PRIME_RL_AVAILABLE",
-    "TEACHER_SOURCES",
-    "composer_loss",
-]
+__all__ = ["ComposerLossInputs", "DPPOMaskWarning", "LossInputs", "LossOutputs", "PRIME_RL_AVAILABLE",
+           "composer_loss", "loss_fn"]
 
 TEACHER_SOURCES = ("teacher_logprobs", "ref_logprobs")
 
 
 @dataclass
 class ComposerLossInputs(LossInputs):
-    """``LossInputs`` plus the hint-conditioned teacher's log-probs, for runners that call the loss directly.
-
-    Attributes:
-        teacher_logprobs: ``[seq]`` log-probs of the sample's own tokens under the hinted context, without
-            grad; ``None`` when the sample has no hint (channel 2 skips it).
-        teacher_mask: ``[seq]`` bool, the tokens the teacher scored; ``None`` means every loss token.
-    """
+    """``LossInputs`` plus the hint-conditioned teacher: ``teacher_logprobs [seq]`` (the sample's own tokens under the
+    hinted context, no grad; ``None``: no hint) and ``teacher_mask [seq]`` bool (``None``: every loss token)."""
 
     teacher_logprobs: Tensor | None = None
     teacher_mask: Tensor | None = None
@@ -120,17 +93,10 @@ class DPPOMaskWarning(UserWarning):
 
 def _check_shapes(inputs: LossInputs, teacher: Tensor | None, teacher_mask: Tensor | None) -> None:
     """Every tensor ``[seq]`` of one length, ``loss_mask`` / ``teacher_mask`` bool; else a ``ValueError``."""
-    named = {
-        "trainer_logprobs": inputs.trainer_logprobs,
-        "inference_logprobs": inputs.inference_logprobs,
-        "ref_logprobs": inputs.ref_logprobs,
-        "advantages": inputs.advantages,
-        "loss_mask": inputs.loss_mask,
-        "loss_weights": inputs.loss_weights,
-        "teacher_logprobs": teacher,
-        "teacher_mask": teacher_mask,
-    }
-    named = {k: v for k, v in named.items() if v is not None}
+    fields = ("trainer_logprobs", "inference_logprobs", "ref_logprobs", "advantages", "loss_mask", "loss_weights")
+    named = {k: v for k, v in ({k: getattr(inputs, k) for k in fields} | {"teacher_logprobs": teacher,
+                                                                          "teacher_mask": teacher_mask}).items()
+             if v is not None}
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape (seq,), got {type(t).__name__}")
@@ -175,15 +141,11 @@ def _safe_mean(values: Tensor, mask: Tensor) -> Tensor:
 def _warn_if_all_masked(loss_mask: torch.Tensor, keep_mask: torch.Tensor, low: float, high: float) -> None:
     """``DPPOMaskWarning`` when the DPPO mask dropped every loss token of the sample (TROUBLESHOOTING §10)."""
     if bool(loss_mask.any()) and not bool(keep_mask.any()):
-        warnings.warn(
-            f"the DPPO mask dropped all {int(loss_mask.sum())} loss tokens of this sample (|exp(lp) - "
-            f"exp(lp_inf)| beyond dppo_mask_high={high} / dppo_mask_low={low}), so its "
-            "policy-gradient term is 0 and only the KL term trains. The trainer and inference log-probs "
-            "disagree (dtype, stale rollouts, chat template): inspect the quantiles of |probs_diff|. Widening "
-            "the bounds only hides it (TROUBLESHOOTING §10)",
-            DPPOMaskWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"the DPPO mask dropped all {int(loss_mask.sum())} loss tokens of this sample (|exp(lp) - "
+                      f"exp(lp_inf)| beyond dppo_mask_high={high} / dppo_mask_low={low}), so its policy-gradient "
+                      "term is 0 and only the KL term trains. The trainer and inference log-probs disagree (dtype, "
+                      "stale rollouts, chat template): inspect the quantiles of |probs_diff|. Widening the bounds "
+                      "only hides it (TROUBLESHOOTING §10)", DPPOMaskWarning, stacklevel=3)
 
 
 def composer_loss(
@@ -198,34 +160,24 @@ def composer_loss(
     distill_mask_low: float = 0.2,
     warn_all_masked: bool = True,
 ) -> LossOutputs:
-    """PRIME-RL's default loss on one sample, plus ``alpha_sdpo`` x the channel-2 distillation term.
+    """PRIME-RL's default loss on one sample, plus ``alpha_sdpo`` x the channel-2 term (module docstring).
 
     Args:
-        inputs: one sample: ``trainer_logprobs`` ``[seq]`` (with grad), ``inference_logprobs`` ``[seq]``,
-            ``ref_logprobs`` ``[seq]`` or ``None``, ``advantages`` ``[seq]``, ``loss_mask`` ``[seq]`` bool,
-            ``loss_weights`` ``[seq]`` or ``None``; a ``ComposerLossInputs`` may add ``teacher_logprobs`` /
-            ``teacher_mask`` ``[seq]``.
-        dppo_mask_low: a token with a non-positive advantage leaves the policy term when
-            ``exp(lp) - exp(lp_inf) < -dppo_mask_low`` (an additive probability bound, not PPO's ratio clip).
-        dppo_mask_high: a token with a positive advantage leaves it when ``exp(lp) - exp(lp_inf) > dppo_mask_high``.
-        adv_tau: scale of the advantage term.
-        kl_tau: scale of the ``(lp - lp_inf)^2`` trainer/inference mismatch term (every loss token).
-        alpha_sdpo: channel-2 weight (``0`` turns it off).
-        teacher_source: ``"teacher_logprobs"`` or ``"ref_logprobs"`` (module docstring).
-        distill_mask_low: channel 2 drops tokens with ``exp(lp) - exp(lp_inf) < -distill_mask_low``
-            (PRIME-RL's ``ref_kl`` trust region, 0.2 there).
-        warn_all_masked: warn (``DPPOMaskWarning``) when the DPPO mask drops every loss token; the check
-            costs one device sync per sample.
+        inputs: one sample, every tensor ``[seq]``: ``trainer_logprobs`` (with grad), ``inference_logprobs``,
+            ``ref_logprobs`` or ``None``, ``advantages``, ``loss_mask`` bool, ``loss_weights`` or ``None``; a
+            ``ComposerLossInputs`` may add ``teacher_logprobs`` / ``teacher_mask``.
+        dppo_mask_low / dppo_mask_high: additive probability bounds of the DPPO mask (not PPO's ratio clip).
+        adv_tau: scale of the advantage term. kl_tau: scale of the ``(lp - lp_inf)^2`` mismatch term.
+        alpha_sdpo: channel-2 weight (0: off). teacher_source: ``"teacher_logprobs"`` or ``"ref_logprobs"``.
+        distill_mask_low: channel 2 drops tokens with ``exp(lp) - exp(lp_inf) < -distill_mask_low`` (PRIME-RL's
+            ``ref_kl`` trust region). warn_all_masked: ``DPPOMaskWarning`` when the mask drops every loss token
+            (one device sync per sample).
 
     Returns:
-        ``LossOutputs(loss, metrics)``: ``loss`` a scalar SUM over tokens (PRIME-RL normalizes by its global
-        token count); ``metrics`` scalars: PRIME-RL's seven default-loss metrics under their names, plus
-        ``composer/distill_tokens`` (channel-2 tokens), ``composer/distill_kl`` (mean ``lp - lp_teacher`` over
-        the teacher's tokens), ``composer/distill_is_masked`` (fraction of those dropped by the trust region).
-
-    Raises:
-        ValueError: a tensor that is not ``[seq]`` (a batched ``[B, T]`` input says to pass one sample per
-            call), lengths that differ, a non-bool mask, a negative coefficient, an unknown ``teacher_source``.
+        ``LossOutputs(loss, metrics)``: a scalar SUM over tokens; PRIME-RL's seven default-loss metrics, plus
+        ``composer/distill_tokens``, ``composer/distill_kl`` (mean ``lp - lp_teacher`` on the teacher's tokens),
+        ``composer/distill_is_masked``. ``ValueError`` for a tensor that is not ``[seq]`` (a batched input says to
+        pass one sample per call), lengths that differ, a non-bool mask, a negative coefficient, a bad source.
     """
     _check_kwargs(dppo_mask_low=dppo_mask_low, dppo_mask_high=dppo_mask_high, adv_tau=adv_tau, kl_tau=kl_tau,
                   alpha_sdpo=alpha_sdpo, distill_mask_low=distill_mask_low)
@@ -268,23 +220,10 @@ def composer_loss(
     return LossOutputs(loss=loss, metrics=metrics)
 
 
-def _add_distillation(
-    per_token: Tensor,
-    lp: Tensor,
-    ratio: Tensor,
-    probs_diff: Tensor,
-    loss_mask: Tensor,
-    teacher: Tensor | None,
-    teacher_mask: Tensor | None,
-    teacher_source: str,
-    *,
-    alpha_sdpo: float,
-    distill_mask_low: float,
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Channel-2 metrics and ``per_token + alpha_sdpo * distill`` (``per_token`` unchanged without a teacher).
-
-    All tensors ``[seq]``; ``teacher`` is detached here (the teacher is a target, never trained through).
-    """
+def _add_distillation(per_token: Tensor, lp: Tensor, ratio: Tensor, probs_diff: Tensor, loss_mask: Tensor,
+                      teacher: Tensor | None, teacher_mask: Tensor | None, teacher_source: str, *, alpha_sdpo: float,
+                      distill_mask_low: float) -> tuple[dict[str, Tensor], Tensor]:
+    """Channel-2 metrics and ``per_token + alpha_sdpo * distill`` (all ``[seq]``; unchanged without a teacher)."""
     zero = lp.detach().new_zeros(())
     members = loss_mask if teacher_mask is None else loss_mask & teacher_mask
     if teacher is not None and teacher_source == "ref_logprobs" and not bool((teacher[members] != 0).any()):
@@ -306,3 +245,7 @@ def _add_distillation(
         "composer/distill_is_masked": _safe_mean(dropped, members),
     }
     return metrics, per_token
+
+
+loss_fn = composer_loss
+"""The spec's name of this loss (TROUBLESHOOTING §7, §11): ``loss_fn(inputs, **kwargs) -> LossOutputs``."""

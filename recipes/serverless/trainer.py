@@ -8,7 +8,6 @@ Each replica reads a different share of the text (windows ``i`` with ``i % world
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -18,56 +17,28 @@ import torch
 
 import composer_replication
 from composer_replication.diloco import make_diloco_outer_loop
+from composer_replication.diloco.replica import param_sha256
 from composer_replication.diloco.serverless import MockManager, ObjectStoreAllReduce
 from composer_replication.models import load_model_and_tokenizer
 
 CORPUS = Path(composer_replication.__file__).parent / "data" / "tasks" / "python_tasks.jsonl"
 
 
-def parameter_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over every parameter's bytes in order: equal digests mean bit-identical models."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def token_windows(tokenizer: Any, seq_len: int) -> torch.Tensor:
-    """The bundled Python tasks (prompt + reference solution) as one token stream cut in windows.
-
-    Returns:
-        ``[N, seq_len]`` token ids.
-    """
-    texts = []
-    for line in CORPUS.read_text().splitlines():
-        task = json.loads(line)
-        texts.append(f"{task['prompt']}\n{task['reference_solution']}")
+    """The bundled Python tasks (prompt + reference solution) as one token stream cut in ``[N, seq_len]`` windows."""
+    texts = [f"{t['prompt']}\n{t['reference_solution']}" for t in map(json.loads, CORPUS.read_text().splitlines())]
     ids = tokenizer("\n\n".join(texts), return_tensors="pt")["input_ids"][0]
     n = ids.numel() // seq_len
     return ids[: n * seq_len].view(n, seq_len)  # [N, T]
 
 
-def train(
-    *,
-    allreduce: ObjectStoreAllReduce,
-    num_steps: int = 20,
-    sync_every: int = 5,
-    batch_size: int = 4,
-    seq_len: int = 64,
-    lr: float = 3e-3,
-    seed: int = 0,
-    max_dropped_rounds: int | None = None,
-) -> dict[str, Any]:
-    """Train one replica; returns its final parameter digest and counters.
-
-    ``num_steps`` must be a multiple of ``sync_every`` so that the run ends on a sync (then every replica
-    holds the same parameters).
-    """
+def train(*, allreduce: ObjectStoreAllReduce, num_steps: int = 20, sync_every: int = 5, batch_size: int = 4,
+          seq_len: int = 64, lr: float = 3e-3, seed: int = 0, max_dropped_rounds: int | None = None) -> dict[str, Any]:
+    """Train one replica; its final parameter digest and counters. ``num_steps`` must be a multiple of
+    ``sync_every``, so that the run ends on a sync (then every replica holds the same parameters)."""
     if num_steps % sync_every:
-        raise ValueError(
-            f"num_steps={num_steps} must be a multiple of sync_every={sync_every} so the run "
-            "ends on an outer step"
-        )
+        raise ValueError(f"num_steps={num_steps} must be a multiple of sync_every={sync_every} so the run ends on "
+                         "an outer step")
     rank, world = allreduce.rank, allreduce.world_size
     model, tok = load_model_and_tokenizer("tiny", seed=seed)  # the same initial weights on every replica
     model.train()
@@ -77,7 +48,8 @@ def train(
     manager = MockManager(allreduce, max_dropped_rounds=max_dropped_rounds)
     data = torch.Generator().manual_seed(seed * 1000 + rank)
     losses, t0 = [], time.perf_counter()
-    with make_diloco_outer_loop(manager, [model], inner, sync_every=sync_every):
+    outer = make_diloco_outer_loop(manager, [model], inner, sync_every=sync_every)
+    with outer:
         for step in range(1, num_steps + 1):
             batch = mine[torch.randint(len(mine), (batch_size,), generator=data)]  # [B, T]
             loss = model(input_ids=batch, labels=batch).loss
@@ -86,19 +58,9 @@ def train(
             inner.step()  # every sync_every-th step also runs the DiLoCo outer step through the store
             losses.append(loss.item())
             if step % sync_every == 0:
-                print(
-                    f"replica {rank}: step {step} loss {loss.item():.4f} committed rounds "
-                    f"{manager.current_step()} dropped {manager.dropped_rounds}",
-                    flush=True,
-                )
-    return {
-        "rank": rank,
-        "digest": parameter_digest(model),
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
-        "committed_rounds": manager.current_step(),
-        "dropped_rounds": manager.dropped_rounds,
-        "bytes_written": allreduce.bytes_written,
-        "bytes_read": allreduce.bytes_read,
-        "seconds": time.perf_counter() - t0,
-    }
+                print(f"replica {rank}: step {step} loss {loss.item():.4f} committed rounds {manager.current_step()} "
+                      f"dropped {manager.dropped_rounds}", flush=True)
+    return {"rank": rank, "digest": param_sha256(model), "first_loss": losses[0], "last_loss": losses[-1],
+            "committed_rounds": manager.current_step(), "dropped_rounds": manager.dropped_rounds,
+            "nonfinite_rounds": outer.finite_guard.own_rounds, "bytes_written": allreduce.bytes_written,
+            "bytes_read": allreduce.bytes_read, "seconds": time.perf_counter() - t0}

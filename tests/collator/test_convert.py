@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from composer_replication.chat_format import build_response_ids
 from composer_replication.hint_generator import make_hint_generator
 from composer_replication.trainer import (
     CollatorConfig,
     ComposerDataCollator,
-    build_response_ids,
     trace_state_to_example,
     trace_states_to_examples,
 )

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composer_replication.hint_generator import make_hint_generator
-from composer_replication.trainer.data_collator import (
-    CollatorConfig,
-    ComposerDataCollator,
+from composer_replication.chat_format import (
     build_hinted_teacher_sequence,
     build_prompt_ids,
     build_response_ids,
     to_chat_messages,
 )
+from composer_replication.hint_generator import make_hint_generator
+from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
 
 HINTS = make_hint_generator()
 CALL_TEXT = 'Let me read it.\n[TOOL_USE] name=Reed input={"file_path": "a.py"}'

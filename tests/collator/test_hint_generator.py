@@ -40,7 +40,7 @@ def isolated_registry(monkeypatch):
 
 
 def test_default_registry_covers_every_ingester_kind():
-    from composer_replication.ingestion.errors import ERROR_KINDS as INGESTER_KINDS
+    from composer_replication.types import ERROR_KINDS as INGESTER_KINDS
 
     assert set(INGESTER_KINDS) <= set(ERROR_KINDS) == set(HINT_TEMPLATES)
     for kind in ERROR_KINDS:

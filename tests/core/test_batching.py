@@ -1,5 +1,5 @@
 """The batching module and the pair record: both pair forms, the contract layout, the over-length policy,
-the hinted-teacher alignment, and the engine's channel-3 reference log-probs."""
+the hinted-row alignment, and the engine's channel-3 reference log-probs."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import torch
 
 from composer_replication.batching import (
     BatchingStats,
-    TeacherRow,
+    HintedRow,
     fit_prompt,
+    hinted_batch,
     pad_rows,
     preference_batch,
-    teacher_batch,
     tokenize_pairs,
 )
-from composer_replication.engine.reference import ReferenceLogprobCache
+from composer_replication.engine.pairs import ReferenceLogprobCache
 from composer_replication.loss import sequence_logprobs_for
 from composer_replication.types import PreferencePair
 
@@ -123,17 +123,17 @@ def test_pad_rows_both_sides_and_bad_input():
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_teacher_rows_index_align_every_response_token(side):
-    rows = [TeacherRow((7, 8, 9, 1, 2), 3, student_row=1, student_col=4), TeacherRow((5, 3), 1, 0, 2)]
+def test_hinted_rows_index_align_every_response_token(side):
+    rows = [HintedRow((7, 8, 9, 1, 2), 3, student_row=1, student_col=4), HintedRow((5, 3), 1, 0, 2)]
     student = torch.zeros(2, 8, dtype=torch.long)
     student[1, 4:6] = torch.tensor([1, 2])
     student[0, 2] = 3
-    out = teacher_batch(rows, 0, side=side)
+    out = hinted_batch(rows, 0, side=side)
     s_idx, t_idx = out["sdpo_student_index"], out["sdpo_teacher_index"]
     assert s_idx.shape == t_idx.shape == (3, 2)
     teacher_tokens = out["ctx_teacher_input_ids"][t_idx[:, 0], t_idx[:, 1]]
     assert torch.equal(teacher_tokens, student[s_idx[:, 0], s_idx[:, 1]])  # the same token, index for index
-    assert int(out["sdpo_loss_mask"].sum()) == 3 and teacher_batch([], 0) == {}
+    assert int(out["sdpo_loss_mask"].sum()) == 3 and hinted_batch([], 0) == {}
 
 
 def test_reference_logprobs_match_a_per_row_naive_pass(tiny_model_and_tokenizer):

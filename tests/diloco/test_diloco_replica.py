@@ -215,3 +215,77 @@ def test_fragments_split_parameters_without_copies():
     with torch.no_grad():
         model[0].weight[0, 0] += 1e-6
     assert param_sha256(model) != digest
+
+
+class PoisonedTrainer(MLPTrainer):
+    """Its inner step at ``poison_steps`` leaves NaN in one weight (a bad batch, an overflow)."""
+
+    def __init__(self, rank: int, poison_steps: tuple[int, ...] = ()) -> None:
+        super().__init__(rank)
+        self.poison_steps = poison_steps
+
+    def train_step(self, step: int) -> dict[str, float]:
+        out = super().train_step(step)
+        if step in self.poison_steps:
+            with torch.no_grad():
+                self.model[0].weight[0, 0] = float("nan")
+        return out
+
+
+def _finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_one_nan_replica_never_poisons_the_others(lighthouse):
+    """Replica 1's pseudo-gradient is NaN in round 1: the round commits with replica 0's alone, on both;
+    replica 1 resets to the new global model and its NaN is logged as diloco/nonfinite/1."""
+    trainers = {0: PoisonedTrainer(0), 1: PoisonedTrainer(1, poison_steps=(2,))}
+    group = _group(lighthouse, trainers)
+    try:
+        out = _lockstep(group, range(8))
+    finally:
+        for r in group.values():
+            r.shutdown()
+    assert _finite(trainers[0].model) and _finite(trainers[1].model)
+    first = [out[i][3] for i in (0, 1)]  # the sync of round 1
+    assert first[0]["diloco/param_sha256"] == first[1]["diloco/param_sha256"]
+    assert first[1]["diloco/nonfinite/1"] == 1.0 and "diloco/nonfinite/0" not in first[0]
+    assert first[0]["diloco/nonfinite"] == first[1]["diloco/nonfinite"] == 1.0
+    assert first[0]["diloco/committed"] == 1.0
+    assert out[0][7]["diloco/param_sha256"] == out[1][7]["diloco/param_sha256"]  # round 2: both finite again
+    assert out[1][7]["diloco/nonfinite"] == 0.0
+
+
+def test_a_replica_that_stays_nonfinite_raises_for_its_restart(lighthouse):
+    """Past 'diloco.max_nonfinite_rounds' consecutive non-finite syncs the replica raises NonFiniteReplicaError
+    (its supervisor restarts it, and it heals from the survivors); the survivor committed without it."""
+    import dataclasses
+
+    from composer_replication.diloco.replica import NonFiniteReplicaError
+
+    cfg = dataclasses.replace(CFG, max_nonfinite_rounds=0)
+    trainers = {0: PoisonedTrainer(0), 1: PoisonedTrainer(1, poison_steps=(1,))}
+    group = {i: DilocoReplica(t, cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
+             for i, t in trainers.items()}
+    barrier, out = threading.Barrier(2), {}
+
+    def run(i: int) -> None:
+        try:
+            for s in range(4):
+                barrier.wait()
+                out[i] = group[i].train_step(s)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in group]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        for r in group.values():
+            r.shutdown()
+    assert isinstance(out[1], NonFiniteReplicaError) and "'diloco.max_nonfinite_rounds' = 0" in str(out[1])
+    assert out[0]["diloco/committed"] == 1.0 and out[0]["diloco/nonfinite"] == 1.0
+    assert _finite(trainers[0].model) and _finite(trainers[1].model)

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(not _TORCHFT_AVAILABLE, reason="torchft is not i
 
 
 class OneReplicaManager:
-    """The Manager surface torchft's DiLoCo touches (notes/torchft.md §5), for a single replica."""
+    """The Manager surface torchft's DiLoCo touches (notes/torchft.md §5), plus what FiniteGuard reads
+    (``num_participants``, ``errored``, ``report_error``, ``allreduce(t, reduce_op=SUM)``), for a single replica."""
 
     _use_async_quorum = False
 
@@ -24,6 +25,7 @@ class OneReplicaManager:
         self.state_fns: dict = {}
         self.n_allreduce = 0
         self.n_quorum = 0
+        self.error = None
 
     def register_state_dict_fn(self, key, load_fn, save_fn) -> None:
         assert key not in self.state_fns, key
@@ -41,14 +43,23 @@ class OneReplicaManager:
     def current_step(self) -> int:
         return self.step
 
-    def allreduce(self, tensor, should_quantize=False):
-        self.n_allreduce += 1  # the mean over one replica is the tensor itself
+    def allreduce(self, tensor, should_quantize=False, reduce_op=None):
+        self.n_allreduce += reduce_op is None  # the mean over one replica is the tensor itself; flags not counted
         return diloco._DummyWork(tensor)
 
+    def num_participants(self) -> int:
+        return 1
+
+    def errored(self):
+        return self.error
+
+    def report_error(self, e: Exception) -> None:
+        self.error = e
+
     def should_commit(self) -> bool:
-        if self.commit:
-            self.step += 1
-        return self.commit
+        commit, self.error = self.commit and self.error is None, None
+        self.step += commit
+        return commit
 
 
 def _data():
@@ -104,6 +115,29 @@ def test_one_replica_rounds_match_outer_sgd_by_hand():
         torch.testing.assert_close(p, q, atol=1e-10, rtol=1e-10)
     # The first outer step moved past the local weights: θ1 = θ0 - 0.7·1.9·Δ, not θ_local.
     assert not torch.allclose(next(iter(model.parameters())), local_after_round1[0])
+
+
+def test_a_nonfinite_local_step_is_dropped_and_skipped():
+    """A NaN pseudo-gradient on the only replica: the round is dropped, the model stays at the global weights,
+    and the inner optimizer's non-finite state is dropped too."""
+    x, y = _data()
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    mgr = OneReplicaManager()
+    outer = make_diloco_outer_loop(mgr, [model], opt, sync_every=2)
+    with outer:
+        _inner_step(model, opt, x, y)
+        _inner_step(model, opt, x * float("nan"), y)
+    assert mgr.step == 0 and outer.finite_guard.own and outer.finite_guard.streak == 1
+    for p, s in zip(model.parameters(), start):
+        torch.testing.assert_close(p.detach(), s)
+    assert not opt.state  # the NaN moments are gone: the next step starts afresh
+    with outer:
+        _inner_step(model, opt, x, y)
+        _inner_step(model, opt, x, y)
+    assert mgr.step == 1 and outer.finite_guard.streak == 0
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 def test_rejected_commit_rolls_back_to_global():

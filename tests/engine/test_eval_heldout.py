@@ -16,7 +16,7 @@ from composer_replication.engine import (
 )
 from composer_replication.engine import student as student_module
 from composer_replication.engine.data import build_training_data, select_states
-from composer_replication.engine.evaluate import next_action_stats
+from composer_replication.engine.metrics import next_action_stats
 from composer_replication.rollout import NextActionEnvironment
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -52,7 +52,7 @@ def test_heldout_sessions_are_eval_prompts_scored_against_the_recorded_action():
 
 
 def test_split_errors_name_the_fix():
-    with pytest.raises(ValueError, match="also training states.*keep data.eval_sessions and data.sessions apart"):
+    with pytest.raises(ValueError, match="also training ones.*keep data.eval_sessions and data.sessions"):
         build_training_data("next_action", states=TRAIN, eval_states=[TRAIN[0]])
     with pytest.raises(ValueError, match="not both; set num_eval_prompts to 0"):
         build_training_data("next_action", states=TRAIN, eval_states=HELD, num_eval_prompts=1)

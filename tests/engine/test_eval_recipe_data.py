@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recipes.monarch.config import DataConfig, load_config
-from recipes.monarch.data import eval_session_files, load_eval_states, load_states, session_files
+from recipes.monarch.data import eval_session_files, load_data, load_eval_states, load_states, session_files
 
 
 def test_presets_train_on_the_train_split_and_evaluate_on_heldout_sessions():
@@ -26,14 +26,17 @@ def test_presets_train_on_the_train_split_and_evaluate_on_heldout_sessions():
 
 
 def test_eval_sessions_errors_name_the_key_and_the_fix():
-    with pytest.raises(ValueError, match=r"'data.eval_sessions' and 'data.sessions' both name .*set data.eval_sessions=\[\]"):
-        load_config("tiny", ["data.sessions=[bundled:sessions/*/*.jsonl]"])
+    # one check of the held-out split (engine.data.heldout_split), run on the controller before any spawn
+    everything = load_config("tiny", ["data.sessions=[bundled:sessions/*/*.jsonl]", "data.max_states=100000",
+                                      "data.max_eval_states=0"])
+    with pytest.raises(ValueError, match="also training ones.*keep data.eval_sessions and data.sessions"):
+        load_data(everything)
     with pytest.raises(ValueError, match="'data.eval_sessions' entry .* matches no file"):
         load_config("tiny", ["data.eval_sessions=[no/such/*.jsonl]"])
-    with pytest.raises(ValueError, match=r"set data.eval_sessions=\[\] or data.num_eval_prompts=0"):
-        DataConfig(num_eval_prompts=2)
-    with pytest.raises(ValueError, match="'data.max_eval_states' must be >= 0"):
+    with pytest.raises(ValueError, match=r"not both; .*data.eval_sessions=\[\]"):
+        load_data(load_config("tiny", ["data.num_eval_prompts=2"]))
+    with pytest.raises(ValueError, match="'data.max_eval_states' must be an integer in .0, "):
         DataConfig(max_eval_states=-1)
-    with pytest.raises(ValueError, match="'data.eval_max_new_tokens' must be >= 1 or null"):
+    with pytest.raises(ValueError, match="'data.eval_max_new_tokens' must be an integer in .1, "):
         DataConfig(eval_max_new_tokens=0)
     assert load_eval_states(load_config("tiny", ["data.eval_sessions=[]"])) == []

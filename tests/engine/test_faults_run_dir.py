@@ -133,14 +133,15 @@ def test_replicas_that_fell_back_can_all_load_the_same_step(tmp_path):
     assert latest_checkpoint(rank1, max_step=1) is None
 
 
-def test_no_intact_checkpoint_left_is_an_error_naming_the_folder(tmp_path):
+def test_no_intact_checkpoint_left_is_an_error_naming_the_folder(tmp_path, caplog):
     only = save_checkpoint(tmp_path, 1, _state(1.0))
     _overwrite_tensor_bytes(only / "state.pt", 1.0, 7.0)
     assert latest_checkpoint(tmp_path) is None
-    with pytest.raises(
-        ValueError, match=rf"no intact checkpoint under {tmp_path}.*SHA-256.*start the run afresh"
+    with caplog.at_level(logging.WARNING), pytest.raises(
+        ValueError, match=rf"no intact checkpoint under {tmp_path}.*start the run afresh"
     ):
         load_checkpoint(tmp_path)
+    assert any("SHA-256" in r.getMessage() for r in caplog.records)
 
 
 def test_checkpoints_without_a_manifest_still_load(tmp_path):

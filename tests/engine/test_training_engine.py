@@ -19,11 +19,10 @@ from composer_replication.engine import (
     StudentConfig,
     StudentTrainerCore,
     TrainingData,
-    latest_checkpoint,
-    load_checkpoint,
+    build_training_data,
     run_plain,
 )
-from composer_replication.engine.data import build_training_data
+from composer_replication.engine.checkpoint import latest_checkpoint, load_checkpoint
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 STATES = [
@@ -257,7 +256,7 @@ def test_build_training_data_errors_and_held_out_prompts():
 
 
 def test_mixed_environment_routes_by_prompt_id_and_rejects_collisions():
-    from composer_replication.engine import MixedEnvironment
+    from composer_replication.engine.data import MixedEnvironment
     from composer_replication.rollout import Prompt, Score
 
     class Fixed:
@@ -288,7 +287,7 @@ def test_build_training_data_python_tasks_and_mixed():
 
 
 def test_lr_lambda_shapes():
-    from composer_replication.engine.schedule import build_lr_lambda
+    from composer_replication.engine.config import build_lr_lambda
 
     const = build_lr_lambda(warmup_steps=2, num_steps=10, scheduler="constant")
     assert [const(s) for s in range(4)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])

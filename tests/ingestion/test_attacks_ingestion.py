@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.ingestion import detect_format, ingest_any, make_ingester
+from composer_replication.ingestion import ingest_any
 from composer_replication.ingestion.__main__ import main
-from composer_replication.ingestion.streaming import NestingTooDeep
+from composer_replication.ingestion.reading import NestingTooDeep
+from composer_replication.ingestion.registry import detect_format, make_ingester
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def _nested_files(folder: Path) -> list[Path]:
 def test_nesting_deeper_than_the_recursion_limit_skips_only_that_file(tmp_path: Path, capsys) -> None:
     bad = _nested_files(tmp_path)
     out = tmp_path.parent / f"{tmp_path.name}-states.jsonl"
-    rc = main([*map(str, bad), str(SESSION), "--out", str(out)])
+    rc = main([*map(str, bad), str(SESSION), "--out", str(out), "--allow-empty"])
     assert rc == 0  # today: RecursionError traceback, nothing written
     captured = capsys.readouterr()
     assert len(out.read_text().splitlines()) == 8  # the good session is all there
@@ -162,7 +163,7 @@ def test_nesting_just_inside_the_limit_never_aborts_the_batch(tmp_path: Path, ca
         '{"role": "assistant", "content": "x", "tool_calls": [' + call + "]}]}"
     )
     out = tmp_path.parent / f"{tmp_path.name}-near.jsonl"
-    assert main([str(f), str(SESSION), "--out", str(out)]) == 0
+    assert main([str(f), str(SESSION), "--out", str(out), "--allow-empty"]) == 0
     lines = out.read_text().splitlines()
     printed = capsys.readouterr().out.replace("\n", "")
     assert len(lines) == 9 or (

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from composer_replication.actions import parse_action
-from composer_replication.ingestion import ClaudeCodeIngester, detect_format
+from composer_replication.ingestion import ClaudeCodeIngester
+from composer_replication.ingestion.registry import detect_format
 
 SESSIONS = Path(__file__).resolve().parents[2] / "composer_replication" / "data" / "sessions" / "train"
 FILES = sorted(SESSIONS.glob("fix-*.jsonl"))

@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from composer_replication.actions import format_thinking, parse_action
-from composer_replication.ingestion import (
-    NO_RESULT,
-    SYSTEM_PROMPT,
-    ClaudeCodeIngester,
-    IngestionStats,
-    trim_history,
-)
+from composer_replication.ingestion import SYSTEM_PROMPT, ClaudeCodeIngester, IngestionStats
+from composer_replication.ingestion.history import NO_RESULT, trim_history
 
 FIX = Path(__file__).parent / "fixtures"
 SYS = {"role": "system", "content": SYSTEM_PROMPT}

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.ingestion import OpenAIMessagesIngester, detect_format, ingest_any
 from composer_replication.ingestion import __main__ as cli
+from composer_replication.ingestion import ingest_any
+from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester
+from composer_replication.ingestion.registry import detect_format
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -222,7 +224,7 @@ def test_a_file_that_fails_halfway_contributes_nothing(tmp_path: Path, capsys, m
 
     monkeypatch.setattr(cli, "make_ingester", make)
     out = tmp_path / "states.jsonl"
-    assert cli.main([str(FIX / "openai_object.json"), str(SESSION), "--out", str(out)]) == 0
+    assert cli.main([str(FIX / "openai_object.json"), str(SESSION), "--out", str(out), "--allow-empty"]) == 0
     ids = [json.loads(x)["state_id"] for x in out.read_text().splitlines()]
     assert len(ids) == 8 and not any(i.startswith("half") for i in ids)
     assert "broken after one state" in capsys.readouterr().out

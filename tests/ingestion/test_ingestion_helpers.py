@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from composer_replication.ingestion.errors import (
-    ERROR_KINDS,
     RepeatTracker,
     classify_tool_error,
+    error_site,
     looks_like_error,
-    make_error_site,
     offered_tools,
 )
 from composer_replication.ingestion.history import (
@@ -20,6 +19,7 @@ from composer_replication.ingestion.history import (
     parts_to_text,
     trim_history,
 )
+from composer_replication.types import ERROR_KINDS
 
 
 @pytest.mark.parametrize(
@@ -70,8 +70,8 @@ def test_repeat_tracker_needs_consecutive_identical_failures() -> None:
     assert r.observe(("Edit", tb, "runtime_error")) == "runtime_error"  # the run was broken
 
 
-def test_make_error_site_and_bad_kind() -> None:
-    site = make_error_site(
+def test_error_site_and_bad_kind() -> None:
+    site = error_site(
         kind="type_error",
         message="x" * 5000,
         tool_name="Edit",
@@ -80,16 +80,16 @@ def test_make_error_site_and_bad_kind() -> None:
         intent="fix",
     )
     assert len(site["error_message"]) == 2000 and site["tool_schema"] == {"name": "Edit"}
-    assert "tool_schema" not in make_error_site(kind="other", message="", tool_name="", available_tools=[])
+    assert "tool_schema" not in error_site(kind="other", message="", tool_name="", available_tools=[])
     with pytest.raises(ValueError, match="kind='oops'"):
-        make_error_site(kind="oops", message="", tool_name="", available_tools=[])
+        error_site(kind="oops", message="", tool_name="", available_tools=[])
 
 
 def test_offered_tools_drops_invented_names_only() -> None:
     calls = {"1": "Serch", "2": "Grep", "3": "Bash"}
-    results = {"1": ("No such tool available: Serch", True), "2": ("ok", False), "3": ("Exit code 1", True)}
-    assert offered_tools(calls, results) == ["Bash", "Grep"]
-    assert offered_tools(calls, results, declared=["Serch", "Read"]) == ["Bash", "Grep", "Read", "Serch"]
+    failed = {"1": "No such tool available: Serch", "3": "Exit code 1"}  # call 2 succeeded
+    assert offered_tools(calls, failed) == ["Bash", "Grep"]
+    assert offered_tools(calls, failed, declared=["Serch", "Read"]) == ["Bash", "Grep", "Read", "Serch"]
 
 
 def test_media_placeholders() -> None:
@@ -104,11 +104,9 @@ def test_media_placeholders() -> None:
     assert media_placeholder({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,QUJD"}}) == (
         "[image: image/jpeg, 1 KB]"
     )
-    n = []
-    text = parts_to_text(
-        [{"type": "text", "text": "a"}, {"type": "image", "source": {}}, "b"], on_media=lambda: n.append(1)
-    )
-    assert text == "a\n[image: unknown]\nb" and n == [1]
+    stats = IngestionStats()
+    text = parts_to_text([{"type": "text", "text": "a"}, {"type": "image", "source": {}}, "b"], stats)
+    assert text == "a\n[image: unknown]\nb" and stats.n_media == 1
 
 
 def _msgs() -> list[dict]:

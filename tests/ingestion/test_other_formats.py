@@ -8,13 +8,10 @@ from pathlib import Path
 import pytest
 
 from composer_replication.actions import format_thinking
-from composer_replication.ingestion import (
-    NO_RESULT,
-    SYSTEM_PROMPT,
-    CodexIngester,
-    OpenAIMessagesIngester,
-    SWEAgentIngester,
-)
+from composer_replication.ingestion import SYSTEM_PROMPT
+from composer_replication.ingestion.codex import CodexIngester
+from composer_replication.ingestion.history import NO_RESULT
+from composer_replication.ingestion.openai_messages import OpenAIMessagesIngester, SWEAgentIngester
 
 FIX = Path(__file__).parent / "fixtures"
 SYS = {"role": "system", "content": SYSTEM_PROMPT}

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.ingestion import INGESTERS, detect_format, ingest_any, make_ingester
+from composer_replication.ingestion import ingest_any
 from composer_replication.ingestion.__main__ import main
+from composer_replication.ingestion.registry import INGESTERS, detect_format, make_ingester
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -44,10 +45,11 @@ def test_detect_format_from_content_not_name(tmp_path: Path, name: str, fmt: str
 def test_detect_format_failure_names_formats(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
     p.write_text('{"hello": 1}\n')
-    with pytest.raises(ValueError, match=r"claude_code, codex, openai, swe_agent.*format='claude_code'"):
+    with pytest.raises(ValueError, match=r"unsupported format.*supported formats: claude_code, codex, openai, swe_agent"):
         detect_format(p)
-    with pytest.raises(ValueError, match="known formats"):
+    with pytest.raises(ValueError, match="unsupported format") as err:
         ingest_any(p)  # raises before the first state
+    assert "--format" not in str(err.value) and "format=" not in str(err.value)  # never a guess that yields nothing
     assert len(list(ingest_any(FIX / "codex_current.jsonl", format="codex"))) == 4
     with pytest.raises(ValueError, match="is empty"):
         detect_format(FIX / "empty.jsonl")
@@ -121,9 +123,11 @@ def test_cli_fails_only_when_nothing_read(tmp_path: Path, capsys) -> None:
     assert main([str(FIX / "agent-a1b2c3d4.jsonl"), "--out", str(out)]) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"hello": 1}\n')
-    assert (
-        main([str(bad), str(FIX / "errors.jsonl"), "--out", str(out)]) == 0
-    )  # one unreadable file is not fatal
+    # one unreadable file does not stop the others; it is named, and the run fails unless --allow-empty
+    assert main([str(bad), str(FIX / "errors.jsonl"), "--out", str(out)]) == 1
+    assert len(out.read_text().splitlines()) == 8 and f"no states from {bad}" in capsys.readouterr().err
+    out.unlink()
+    assert main([str(bad), str(FIX / "errors.jsonl"), "--out", str(out), "--allow-empty"]) == 0
     assert len(out.read_text().splitlines()) == 8
 
 

@@ -14,17 +14,16 @@ from composer_replication.losses import (
     LossComponents,
     compose_loss,
     dpo_loss,
-    entropy_aware_opd_per_token,
-    generalized_jsd_per_token,
     grpo_loss,
-    per_token_logprobs,
     self_distillation_loss,
-    sequence_logprobs,
     sequence_logprobs_for,
     simpo_loss,
-    taid_per_token,
     token_logprobs_for,
 )
+from composer_replication.losses.dpo import per_token_logprobs, sequence_logprobs
+from composer_replication.losses.entropy_aware_opd import entropy_aware_opd_per_token
+from composer_replication.losses.jsd import generalized_jsd_per_token
+from composer_replication.losses.taid import taid_per_token
 
 
 def _logits(model, ids, att):

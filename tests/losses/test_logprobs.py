@@ -1,4 +1,4 @@
-"""Chunked kernels of composer_replication.logprobs against naive full-logits references (float64)."""
+"""Chunked kernels of composer_replication.losses.logprobs against naive full-logits references (float64)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from composer_replication.losses.logprobs import (
     chunked_cross_entropy,
-    chunked_distillation,
     chunked_distillation_loss,
     chunked_row_logprobs,
     chunked_token_logprobs,
@@ -77,15 +76,15 @@ def test_cross_entropy_scales_with_upstream_grad():
     torch.testing.assert_close(g1.double(), g0, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("chunk", [2, 7])
-def test_distillation_recompute_matches_naive(chunk):
+@pytest.mark.parametrize("chunk", [2, 7, None])
+def test_distillation_values_and_token_mean_match_naive(chunk):
     h, w, b, _ = _leaves(3)
     teacher = torch.randn(N, H, dtype=torch.float64)
     ref = _fkl(F.linear(h, w, b), F.linear(teacher, w, b).detach())
-    out = chunked_distillation(h, teacher, w, _fkl, chunk_size=chunk, bias=b)
-    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-6)
-    gw = torch.rand(N, dtype=torch.float64)
-    for a, r in zip(_grads(out.double(), (h, w, b), gw), _grads(ref, (h, w, b), gw)):
+    loss, values = chunked_distillation_loss(h, teacher, w, _fkl, chunk_size=chunk, bias=b)
+    torch.testing.assert_close(values.double(), ref.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(loss.double(), ref.mean(), rtol=0, atol=1e-6)
+    for a, r in zip(_grads(loss.double(), (h, w, b)), _grads(ref.mean(), (h, w, b))):
         torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-6)
 
 
@@ -164,7 +163,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match=r"\[N, H\]"):
         chunked_row_logprobs(h, w[:, :3], y)
     with pytest.raises(ValueError, match="teacher_hidden"):
-        chunked_distillation(h, h[:3].detach(), w, _fkl)
+        chunked_distillation_loss(h, h[:3].detach(), w, _fkl)
     with pytest.raises(ValueError, match="label_smoothing"):
         chunked_cross_entropy(h, w, y, label_smoothing=1.0)
     with pytest.raises(ValueError, match="weights"):
@@ -193,6 +192,17 @@ def test_fused_loss_supports_retain_graph():
     first = w.grad.clone()
     loss.backward()
     torch.testing.assert_close(w.grad, 2 * first)
+
+
+def test_bfloat16_hidden_with_a_float32_head():
+    """TRL's ``cast_lm_head_to_fp32``: a bf16 decoder in front of a float32 lm_head."""
+    h64, w, _, y = _leaves(8, bias=False, dtype=torch.float32)
+    h = h64.detach().bfloat16().requires_grad_(True)
+    lp = chunked_row_logprobs(h, w, y, chunk_size=4)
+    ref = F.log_softmax(F.linear(h.float(), w), -1).gather(-1, y[:, None]).squeeze(-1)
+    torch.testing.assert_close(lp, ref)
+    lp.sum().backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
 
 
 def test_bfloat16_inputs_use_float32_math():

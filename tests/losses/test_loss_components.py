@@ -14,8 +14,6 @@ from loss_batches import make_batch  # tests/losses/loss_batches.py
 
 from composer_replication import losses
 from composer_replication.losses import (
-    DISTILL_COMPONENTS,
-    REPLAY_COMPONENTS,
     GRPOLossConfig,
     LossConfig,
     compose_loss,
@@ -23,7 +21,7 @@ from composer_replication.losses import (
     self_distillation_loss,
     token_logprobs_for,
 )
-from composer_replication.losses.components import GRPO, LMCrossEntropy
+from composer_replication.losses.components import DISTILL_COMPONENTS, GRPO, REPLAY_COMPONENTS, LMCrossEntropy
 
 VARIANTS = [(v, w) for v in ("dpo", "simpo") for w in ("none", "taid", "entropy_opd")]
 DISTILL_NAME = {"none": "jsd", "taid": "taid", "entropy_opd": "entropy_opd"}
@@ -172,7 +170,7 @@ def test_config_and_keywords_together_is_a_type_error(model):
         compose_loss(model, b, grpo=GRPOLossConfig())  # the GRPO fields are LossConfig keywords now
     with pytest.raises(TypeError, match="config must be a LossConfig, got dict"):
         compose_loss(model, b, {"alpha_sdpo": 0.2})
-    with pytest.raises(ValueError, match=r"'loss.sdpo_jsd_beta' must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"'loss.sdpo_jsd_beta' must be a number in \[0, 1\]"):
         compose_loss(model, b, sdpo_jsd_beta=2.0)
 
 
@@ -194,7 +192,7 @@ def test_config_fields_keep_their_defaults_and_docstrings():
                 assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), (
                     f"{node.name}.{stmt.target.id}"
                 )
-    with pytest.raises(ValueError, match="'loss.kl_beta' must be >= 0"):
+    with pytest.raises(ValueError, match="'loss.kl_beta' must be a number in .0, 100."):
         LossConfig(kl_beta=-1.0)
     from composer_replication.engine import LossConfig as EngineLossConfig
     from composer_replication.engine.config import StudentConfig, from_dict
@@ -210,41 +208,19 @@ def test_config_fields_keep_their_defaults_and_docstrings():
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        (
-            "composer_replication.loss",
-            [
-                "compose_loss",
-                "LossComponents",
-                "self_distillation_loss",
-                "token_logprobs_for",
-                "sequence_logprobs_for",
-            ],
-        ),
-        ("composer_replication.opsd", ["generalized_jsd_loss", "generalized_jsd_per_token"]),
-        (
-            "composer_replication.distillation",
-            [
-                "simpo_loss",
-                "avg_sequence_logprob",
-                "taid_loss",
-                "TAIDScheduler",
-                "entropy_aware_opd_loss",
-                "teacher_entropy",
-            ],
-        ),
+        ("composer_replication.loss", ["compose_loss", "LossComponents", "LossConfig", "self_distillation_loss",
+                                       "token_logprobs_for", "sequence_logprobs_for"]),
+        ("composer_replication.opsd", ["generalized_jsd_loss"]),
+        ("composer_replication.distillation", ["simpo_loss", "avg_sequence_logprob", "taid_loss", "TAIDScheduler",
+                                               "entropy_aware_opd_loss", "teacher_entropy"]),
         ("composer_replication.distillation.simpo", ["simpo_loss", "avg_sequence_logprob"]),
         ("composer_replication.distillation.taid", ["taid_loss", "TAIDScheduler"]),
-        (
-            "composer_replication.distillation.entropy_aware_opd",
-            ["teacher_entropy", "entropy_aware_opd_loss"],
-        ),
-        ("composer_replication.grpo", ["GRPOLossConfig", "group_advantages", "grpo_loss"]),
-        ("composer_replication.dpo", ["dpo_loss", "per_token_logprobs", "sequence_logprobs"]),
-        ("composer_replication.logprobs", ["DEFAULT_CHUNK_SIZE", "chunked_token_logprobs", "hidden_states"]),
+        ("composer_replication.distillation.entropy_aware_opd", ["teacher_entropy", "entropy_aware_opd_loss"]),
         ("composer_replication", ["compose_loss", "LossComponents", "generalized_jsd_loss", "LossConfig"]),
     ],
 )
 def test_spec_paths_re_export_the_library(module, names):
+    """The spec's import paths hold the library's own objects (one definition each)."""
     mod = importlib.import_module(module)
     for name in names:
         assert getattr(mod, name) is getattr(losses, name), f"{module}.{name}"

@@ -12,12 +12,12 @@ from composer_replication.losses import (
     TAIDScheduler,
     avg_sequence_logprob,
     entropy_aware_opd_loss,
-    entropy_aware_opd_per_token,
     simpo_loss,
     taid_loss,
-    taid_per_token,
     teacher_entropy,
 )
+from composer_replication.losses.entropy_aware_opd import entropy_aware_opd_per_token
+from composer_replication.losses.taid import taid_per_token
 
 ATOL = 1e-6
 B, T, V = 3, 5, 7

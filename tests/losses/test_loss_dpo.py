@@ -1,4 +1,4 @@
-"""DPO loss and log-prob helpers (composer_replication.dpo) against loop references."""
+"""DPO loss and log-prob helpers (composer_replication.losses.dpo) against loop references."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared-prefix decoding (losses.prefix): the plan, and equality with the whole-row pass, with gradients."""
+"""Shared-prefix decoding (losses.prefix): rows packed into their prefix tree equal the whole-row pass, with gradients."""
 
 from __future__ import annotations
 
@@ -10,13 +10,7 @@ import torch
 from composer_replication.losses import LossConfig, compose_loss
 from composer_replication.losses import prefix as prefix_module
 from composer_replication.losses.logprobs import hidden_states
-from composer_replication.losses.prefix import (
-    decode_prefixes,
-    pack_rows,
-    packed_hidden_states,
-    plan_prefix_split,
-    shared_prefix_hidden_states,
-)
+from composer_replication.losses.prefix import pack_rows, packed_hidden_states
 
 
 def _grouped_rows(vocab: int, *, prompts=(30, 22), g=3, response=(9, 6, 4), seed=0):
@@ -35,65 +29,11 @@ def _grouped_rows(vocab: int, *, prompts=(30, 22), g=3, response=(9, 6, 4), seed
     return ids, att, resp
 
 
-def test_plan_finds_the_prompt_of_each_group():
-    ids, att, _ = _grouped_rows(50, prompts=(30, 22), g=3)
-    plan = plan_prefix_split(ids, att)
-    assert plan is not None
-    assert plan.split >= 30  # at least the prompt column (responses may begin alike by chance)
-    g = plan.inverse.tolist()
-    assert g[0] == g[1] == g[2] != g[3] == g[4] == g[5]  # one prefix per group
-    assert plan.unique_rows[plan.inverse].tolist() == [0, 0, 0, 3, 3, 3]  # read from the group's first row
-    B, T = ids.shape
-    assert plan.tokens == 2 * plan.split + B * (T - plan.split) < plan.whole_tokens == B * T
-
-
-def test_plan_declines_rows_with_nothing_in_common():
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 1000, (4, 20), generator=gen)
-    assert plan_prefix_split(ids, torch.ones_like(ids)) is None
-    assert plan_prefix_split(ids[:1], torch.ones_like(ids[:1])) is None  # one row
-
-
-def test_plan_declines_a_saving_under_the_threshold():
-    ids = torch.arange(40).repeat(2, 1)
-    ids[1, 4:] += 100  # the rows share 4 of 40 columns: 10 % saved at best
-    assert plan_prefix_split(ids, torch.ones_like(ids)) is None
-    assert plan_prefix_split(ids, torch.ones_like(ids), min_saving=0.0).split == 4
-
-
-def test_plan_bad_input_errors_name_the_problem():
-    ids = torch.arange(40).repeat(2, 1)
-    with pytest.raises(ValueError, match=r"min_saving must be in \[0, 1\)"):
-        plan_prefix_split(ids, torch.ones_like(ids), min_saving=1.0)
-    with pytest.raises(ValueError, match="attention_mask .* must match input_ids"):
-        plan_prefix_split(ids, torch.ones(2, 39, dtype=torch.long))
-
-
-def test_plan_separates_rows_that_differ_only_in_their_mask():
-    ids = torch.arange(30).repeat(2, 1)
-    att = torch.ones_like(ids)
-    att[1, :5] = 0  # same ids, but row 1's first 5 tokens are padding: different positions
-    plan = plan_prefix_split(ids, att, min_saving=0.0)
-    assert plan is None  # the rows differ from column 0 on: nothing to share
-
-
-def test_plan_reads_rows_in_any_order():
-    ids, att, _ = _grouped_rows(50, prompts=(30, 22), g=3)
-    order = torch.tensor([4, 0, 5, 2, 3, 1])
-    plan = plan_prefix_split(ids[order], att[order])
-    assert plan.unique_rows.numel() == 2 and plan.split >= 30
-    groups = [o // 3 for o in order.tolist()]  # the group each shuffled row came from
-    assert all((plan.inverse[i] == plan.inverse[j]) == (groups[i] == groups[j]) for i in range(6) for j in range(6))
-    reps = plan.unique_rows[plan.inverse]
-    assert all(groups[int(r)] == groups[i] for i, r in enumerate(reps))  # each row reads a row of its own group
-
-
 def test_identical_rows_share_everything(tiny_model_and_tokenizer):
     model, _ = tiny_model_and_tokenizer
     ids = torch.randint(0, model.config.vocab_size, (1, 16)).repeat(3, 1)
     att = torch.ones_like(ids)
-    plan = plan_prefix_split(ids, att)
-    assert plan.split == 16 and plan.unique_rows.tolist() == [0]
+    assert pack_rows(ids, att).tokens == 16  # one copy
     with torch.no_grad():
         torch.testing.assert_close(hidden_states(model, ids, att), hidden_states(model, ids, att, share_prefix=False))
 
@@ -112,20 +52,6 @@ def _nested_pairs(vocab: int, *, common=20, prompts=(30, 30, 30), responses=(10,
     for i, r in enumerate(rows):
         ids[i, : len(r)], att[i, : len(r)] = r, 1
     return ids, att
-
-
-def test_plan_cuts_nested_prefixes_into_levels():
-    ids, att = _nested_pairs(50)
-    plan = plan_prefix_split(ids, att)
-    assert [lv.split for lv in plan.levels] == [20] and plan.levels[0].unique_rows.tolist() == [0]
-    g = plan.inverse.tolist()
-    assert plan.split == 50 and g[0] == g[1] and g[2] == g[3] and g[4] == g[5] and len(set(g)) == 3  # per pair
-    assert plan.tokens == 20 * 1 + 30 * 3 + 6 * 10  # < the best single cut: 3 * 50 + 6 * 10
-    assert [lv.split for lv in plan.all_levels()] == [20, 50]
-    single = plan_prefix_split(ids, att, level_tokens=1000)  # levels too dear: one cut
-    assert single.levels == () and single.split == 50 and single.tokens == 3 * 50 + 6 * 10
-    with pytest.raises(ValueError, match="level_tokens must be >= 0"):
-        plan_prefix_split(ids, att, level_tokens=-1)
 
 
 def _ragged_pairs(vocab: int, seed=4):
@@ -148,10 +74,8 @@ def _left_padded_group(vocab: int, seed=6):
 def _layout(name: str, V: int):
     if name == "grouped":
         return _grouped_rows(V)[:2]
-    if name == "nested_pairs":  # pairs of unequal prompts and responses: three levels
-        ids, att = _nested_pairs(V, prompts=(30, 12, 41), responses=(9, 4))
-        assert len(plan_prefix_split(ids, att).levels) >= 1
-        return ids, att
+    if name == "nested_pairs":  # pairs of unequal prompts and responses: a system prompt, then each pair's
+        return _nested_pairs(V, prompts=(30, 12, 41), responses=(9, 4))
     if name == "ragged_pairs":
         return _ragged_pairs(V)
     if name == "left_padded":
@@ -167,41 +91,33 @@ def _layout(name: str, V: int):
     return ids, att
 
 
-# the levels pass reads the model's own 2D mask, so one attention implementation covers it
-@pytest.mark.parametrize(("path", "attention"), [("packed", "sdpa"), ("packed", "eager"), ("levels", "sdpa")])
+# cut: max_tokens = the longest row, so the tree is cut into several packed rows (as large batches are)
+@pytest.mark.parametrize(("cut", "attention"), [(False, "sdpa"), (False, "eager"), (True, "sdpa"), (True, "eager")])
 @pytest.mark.parametrize("layout", ["grouped", "right_padded_pairs", "nested_pairs", "ragged_pairs", "left_padded"])
-def test_hidden_states_and_gradients_match_the_whole_row_pass(tiny_model_and_tokenizer, layout, path, attention):
+def test_hidden_states_and_gradients_match_the_whole_row_pass(tiny_model_and_tokenizer, layout, cut, attention):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).double()
     ids, att = _layout(layout, model.config.vocab_size)
     decoder = model.get_decoder()
-    position_ids = (att.cumsum(-1) - 1).clamp(min=0)
-    if path == "packed":
-        packed = pack_rows(ids, att)
-        assert packed is not None and packed.tokens < int(att.sum())  # shared tokens once, no padding
+    longest = int(att.sum(-1).max())
+    packed = pack_rows(ids, att, max_tokens=longest if cut else 8192, min_saving=0.0)
+    assert packed is not None
+    if cut:
+        assert packed.input_ids.shape[0] > 1 and packed.input_ids.shape[1] <= longest
     else:
-        plan = plan_prefix_split(ids, att)
-        if plan is None:  # the columns do not line up (left padding): only packing shares these rows
-            assert layout == "left_padded"
-            return
+        assert packed.input_ids.shape[0] == 1 and packed.tokens < int(att.sum())  # shared tokens once, no padding
     weights = torch.randn(*ids.shape, model.config.hidden_size, dtype=torch.float64) * att[..., None]
     results = []
     for share in (False, True):
         model.zero_grad()
         # the reference is SDPA's whole-row pass (eager's turns the fully masked rows of left padding into NaN)
         model.config._attn_implementation = attention if share else "sdpa"
-        if not share:
-            h = hidden_states(model, ids, att, share_prefix=False)
-        elif path == "packed":
-            h = packed_hidden_states(decoder, packed)
-        else:
-            h = shared_prefix_hidden_states(decoder, ids, att, position_ids, plan)
+        h = packed_hidden_states(decoder, packed) if share else hidden_states(model, ids, att, share_prefix=False)
         (h * weights).sum().backward()
         results.append((h.detach(), [p.grad.clone() for p in model.parameters()]))
     (h0, g0), (h1, g1) = results
     m = att.bool()
     torch.testing.assert_close(h1[m], h0[m], rtol=1e-6, atol=1e-6)
-    if path == "packed":
-        assert not h1[~m].any()  # padding: zeros, never decoded
+    assert not h1[~m].any()  # padding: zeros, never decoded
     _assert_grads_close(g1, g0)
 
 
@@ -216,14 +132,30 @@ def test_pack_rows_holds_each_distinct_token_once():
         assert packed.input_ids[0, path].tolist() == ids[row, real].tolist()  # the row's tokens, in order
         assert packed.position_ids[0, path].tolist() == list(range(int(real.sum())))
         # each token reads exactly the tokens before it in its own row
-        assert packed.attention[path[:, None], path[None, :]].equal(torch.ones(len(path), len(path)).tril().bool())
-        assert int(packed.attention[path].sum()) == len(path) * (len(path) + 1) // 2
+        assert packed.attention[0, path[:, None], path[None, :]].equal(torch.ones(len(path), len(path)).tril().bool())
+        assert int(packed.attention[0, path].sum()) == len(path) * (len(path) + 1) // 2
     assert (packed.index[~att.bool()] == packed.tokens).all()  # padding reads the zero row
 
 
+def test_a_tree_over_max_tokens_is_cut_into_packed_rows_in_sorted_order():
+    ids, att = _nested_pairs(50, common=20, prompts=(30, 12), responses=(10, 4))  # pairs of 64 and 46 tokens
+    packed = pack_rows(ids, att, max_tokens=70, min_saving=0.0)
+    assert packed.input_ids.shape == (2, 20 + 30 + 10 + 4)  # one pair per packed row, the shorter one padded
+    assert packed.tokens == 2 * 64 < packed.whole_tokens
+    n = packed.input_ids.shape[1]
+    for row in range(ids.shape[0]):
+        real = att[row].bool()
+        flat = packed.index[row, real]
+        assert packed.input_ids.flatten()[flat].tolist() == ids[row, real].tolist()
+        assert len(set((flat // n).tolist())) == 1  # a row lives in one packed row
+    short = int(packed.index[2, 0]) // n  # the packed row of the short pair (46 tokens)
+    padding = packed.attention[short, 46:, :]
+    assert padding.sum() == n - 46 and padding[:, 46:].diagonal().all()  # padding reads only itself
+    assert pack_rows(ids, att, max_tokens=59) is None  # a row of 60 tokens fits no packed row
+
+
 def test_pack_rows_shares_a_prompt_behind_different_padding():
-    ids, att = _left_padded_group(50)
-    assert plan_prefix_split(ids, att) is None  # no column is the same token in every row
+    ids, att = _left_padded_group(50)  # no column holds the same token in every row
     assert pack_rows(ids, att).tokens == 15 + 11 + 8 + 5
 
 
@@ -241,45 +173,6 @@ def test_pack_rows_declines_and_names_bad_input():
         pack_rows(same, torch.ones_like(same), max_tokens=0)
     with pytest.raises(ValueError, match="attention_mask .* must match input_ids"):
         pack_rows(same, torch.ones(3, 39, dtype=torch.long))
-
-
-def test_plan_counts_only_the_columns_each_pass_decodes():
-    """A long outlier pair no longer pads the short rows: the short rows end before the split and are
-    not decoded after it; each level stops at its prefixes' last real token."""
-    ids, att = _ragged_pairs(50)
-    plan = plan_prefix_split(ids, att)
-    B, T = ids.shape
-    assert plan.row_ends.tolist() == att.sum(-1).tolist()
-    tokens, start = 0, 0
-    for level in plan.all_levels():
-        running = level.ends[level.ends > start]
-        tokens += len(running) * (int(running.max()) - start) if len(running) else 0
-        start = level.split
-    after = plan.row_ends[plan.row_ends > plan.split]
-    tokens += len(after) * (int(after.max()) - plan.split)
-    assert plan.tokens == tokens
-    assert len(after) == 2  # only the long pair runs past the split
-    splits = [0] + [lv.split for lv in plan.all_levels()]
-    rectangular = sum(len(lv.unique_rows) * (lv.split - a) for lv, a in zip(plan.all_levels(), splits)) \
-        + B * (T - plan.split)
-    assert plan.tokens < rectangular
-
-
-def test_decode_prefixes_refuses_a_cache_for_a_row_that_ends_early(tiny_model_and_tokenizer):
-    model = copy.deepcopy(tiny_model_and_tokenizer[0])
-    ids, att = _ragged_pairs(model.config.vocab_size)
-    stub = torch.zeros_like(ids[:1])
-    stub[0, :5] = ids[0, :5]  # a row that ends inside the system prompt, before the last level's columns
-    ids, att = torch.cat([ids, stub]), torch.cat([att, (torch.arange(ids.shape[1]) < 5).long()[None]])
-    plan = plan_prefix_split(ids, att)
-    assert plan.levels and plan.row_ends[-1] == 5 < plan.levels[-1].split
-    position_ids = (att.cumsum(-1) - 1).clamp(min=0)
-    decoder = model.get_decoder()
-    with torch.no_grad():
-        with pytest.raises(ValueError, match="cache is not whole"):
-            decode_prefixes(decoder, ids, att, position_ids, plan, rows=torch.tensor([ids.shape[0] - 1]))
-        head, cache = decode_prefixes(decoder, ids, att, position_ids, plan, rows=torch.tensor([0, 1]))
-    assert head.shape[:2] == (ids.shape[0], plan.split) and cache.get_seq_length() == plan.split
 
 
 def test_hidden_states_packs_only_for_attention_that_reads_a_custom_mask(tiny_model_and_tokenizer, monkeypatch):
@@ -303,10 +196,9 @@ def test_hidden_states_packs_only_for_attention_that_reads_a_custom_mask(tiny_mo
         hidden_states(model, ids, att)
         assert packed_calls == [1]
         monkeypatch.setattr(logprobs_module, "can_pack", lambda d: False)
-        levels = hidden_states(model, ids, att)  # the prefix levels instead
+        unpacked = hidden_states(model, ids, att)  # the whole-row pass instead
     assert packed_calls == [1]
-    m = att.bool()
-    torch.testing.assert_close(levels[m], whole[m], rtol=1e-6, atol=1e-6)
+    assert torch.equal(unpacked, whole)
 
 
 def _assert_grads_close(got, want):

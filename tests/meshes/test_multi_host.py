@@ -75,6 +75,33 @@ def test_worker_rejects_a_bad_address():
     assert out.returncode == 2 and "--address must look like tcp://HOST:PORT" in out.stderr
 
 
+def _worker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recipes.monarch.worker", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_worker_refuses_a_non_loopback_bind_without_allow_remote():
+    """Anything reaching a worker's port runs code as its user: a non-loopback bind needs --allow-remote."""
+    out = _worker("--address", f"tcp://node1.cluster:{_free_port()}@tcp://0.0.0.0:{_free_port()}")
+    assert out.returncode == 2 and "not loopback" in out.stderr and "--allow-remote" in out.stderr
+
+
+def test_worker_refuses_a_ca_monarch_cannot_honour():
+    out = _worker("--address", f"tcp://127.0.0.1:{_free_port()}", "--ca", "/etc/ssl/ca.pem")
+    assert out.returncode == 2 and "cannot be honoured" in out.stderr and "trust_all_connections" in out.stderr
+
+
+def test_worker_binds_loopback_by_default_and_says_what_remote_means():
+    from recipes.monarch.worker import (DEFAULT_ADDRESS, check_security, is_loopback, listen_address, parse_args,
+                                        split_address)
+
+    assert listen_address(parse_args([])) == DEFAULT_ADDRESS and is_loopback(split_address(DEFAULT_ADDRESS)[0])
+    assert is_loopback("localhost") and not is_loopback("0.0.0.0") and not is_loopback("::")
+    assert check_security("127.0.0.1", 26601, allow_remote=False, ca="trust_all_connections") is None
+    warning = check_security("0.0.0.0", 26601, allow_remote=True, ca="trust_all_connections")  # nothing is bound
+    assert "Any process that can reach port 26601 can run code on this machine as user" in warning
+
+
 def test_a_lost_host_moves_its_replica_to_a_spare_worker(workers, tmp_path):
     (a0, _), (a1, p1), (spare, _) = workers
     run_dir = tmp_path / "run"

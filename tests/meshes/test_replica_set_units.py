@@ -58,6 +58,13 @@ class _Hosts:
     def replace_worker(self, index):
         return self.spare
 
+    @property
+    def spares(self):
+        return [self.spare] if self.spare else []
+
+    def describe(self, address):
+        return address
+
 
 def _set(policy: str, *, where="tcp://h2:1", spare=None, max_restarts=2) -> tuple[ReplicaSet, _Hosts]:
     hosts = _Hosts(where, spare)

@@ -16,7 +16,7 @@ import torch
 from recipe_helpers import run_recipe, session_overrides
 
 from composer_replication.atomic import atomic_write_text
-from composer_replication.engine import load_checkpoint
+from composer_replication.engine.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.monarch]
 

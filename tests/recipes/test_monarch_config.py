@@ -32,14 +32,14 @@ def test_overrides_are_typed():
     [
         ("student.loss.alhpa_sdpo=0.1", r"unknown key 'student.loss.alhpa_sdpo'; allowed: .*alpha_sdpo"),
         ("student.optim.lr=abc", r"'student.optim.lr' must be a float, got 'abc'"),
-        ("mesh.num_replicas=0", r"'mesh.num_replicas' must be >= 1, got 0"),
+        ("mesh.num_replicas=0", r"'mesh.num_replicas' must be an integer in \[1, 1024\], got 0"),
         ("student.rollout.max_new_tokens=4096", r"'student.rollout.max_new_tokens' \(4096\) must be < 'student.max_seq_len'"),
         ("teachers.agreement_threshold=2", r"'teachers.agreement_threshold' \(2\) cannot exceed"),
         ("data.sessions=[/no/such/*.jsonl]", r"'data.sessions' entry '/no/such/\*.jsonl' matches no file"),
         ("data.tasks=/no/tasks.jsonl", r"'data.tasks' file '/no/tasks.jsonl' does not exist"),
         ("student.model=/no/model", r"'student.model' must be 'tiny', 'smollm2-135m' or a model folder"),
         ("mesh.inject_fault=trainer:x", r"'mesh.inject_fault' must look like 'ACTOR:RANK:STEP:MODE'"),
-        ("mesh.call_timeout_s=0", r"'mesh.call_timeout_s' must be > 0"),
+        ("mesh.call_timeout_s=0", r"'mesh.call_timeout_s' must be a number in \(0, 604800\]"),
         ("run.display=fancy", r"'run.display' must be one of 'rich', 'plain', 'none'"),
     ],
 )
@@ -54,7 +54,7 @@ def test_bad_preset_and_impossible_sizes():
         load_config("nope")
     cfg = load_config("tiny", [*session_overrides(), "data.max_states=2", "data.eval_sessions=[]",
                                  "data.num_eval_prompts=2"])
-    with pytest.raises(ValueError, match=r"'data.num_eval_prompts' \(2\) must be < the number of trace states"):
+    with pytest.raises(ValueError, match=r"'num_eval_prompts' \(2\) must be in \[0, 2\).*data.num_eval_prompts"):
         load_states(cfg)
 
 
@@ -74,7 +74,7 @@ def test_fresh_run_refuses_an_existing_run_folder(tmp_path, capsys):
     (tmp_path / "old" / "metrics.jsonl").write_text("{}\n")
     rc = recipe.main(["--config", "tiny", f"run.dir={tmp_path / 'old'}", *session_overrides()])
     err = capsys.readouterr().err
-    assert rc == 2 and "'run.dir'" in err and "already holds a run" in err and "--resume" in err
+    assert rc == 2 and "'run.dir'" in err and "is not empty (holds metrics.jsonl)" in err and "--resume" in err
 
 
 def test_ledger_spend(tmp_path):
@@ -95,3 +95,16 @@ def test_yaml_path_works(tmp_path):
 def test_independent_replicas_are_refused_with_the_diloco_setting_to_use():
     with pytest.raises(ValueError, match=r"'mesh.num_replicas' is 2: .* set 'diloco.replicas: 2'"):
         load_config("tiny", ["mesh.num_replicas=2"])
+
+
+def test_a_run_from_before_the_rollout_rejected_pairs_still_resumes(tmp_path):
+    import yaml
+
+    from recipes.monarch.config import config_to_yaml, resume_config
+
+    old = yaml.safe_load(config_to_yaml(load_config("tiny", session_overrides())))
+    old["student"]["rollout"]["pair_refresh_every"] = 2  # the retired key, in an earlier run's config.yaml
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    assert resume_config(str(tmp_path)).student.rollout.pairs_per_step == old["student"]["rollout"]["pairs_per_step"]
+    with pytest.raises(ValueError, match="unknown key 'student.rollout.pair_refresh_every'"):
+        load_config("tiny", ["student.rollout.pair_refresh_every=2"])  # but a new run refuses it

@@ -19,7 +19,7 @@ import torch
 from recipe_helpers import REPO, alive, run_recipe, session_overrides
 
 from composer_replication.atomic import atomic_write_text
-from composer_replication.engine import load_checkpoint
+from composer_replication.engine.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.monarch]
 
@@ -56,6 +56,9 @@ def test_tiny_run_completes_with_every_channel(tiny_run):
     for ch in CHANNELS:
         assert any(m[ch] not in (0.0, None) for m in lines), f"channel {ch} was zero at every step"
     assert all("reward/mean" in m and "perf/tokens_per_s" in m and "replay/spent_usd" in m for m in lines)
+    pairs = [json.loads(x) for x in (run_dir / "pairs.jsonl").read_text().splitlines()]
+    assert pairs and all(p["metadata"]["rejected_source"] == "rollout" for p in pairs)  # drawn from each step's rollouts
+    assert all(m["replay/num_pairs"] + m["replay/pairs_agreed"] == 2.0 for m in lines)  # tiny: 2 pairs per step
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["n_pairs"] >= 1 and summary["eval_end"] is not None
@@ -93,7 +96,7 @@ def test_pairs_written_by_the_replay_cli_train_in_the_recipe(tmp_path):
     states = [dict(s) for s in ingest_any(sorted((REPO / "composer_replication" / "data" / "sessions" / "train").glob("*.jsonl"))[0])][:3]
     (tmp_path / "states.jsonl").write_text("".join(json.dumps(s) + "\n" for s in states))
     cli = subprocess.run([sys.executable, "-m", "composer_replication.teacher_replay", str(tmp_path / "states.jsonl"),
-                          "--teachers", "recorded", "--student", "local:tiny", "--agreement", "1", "--budget", "0",
+                          "--teachers", "recorded", "--agreement", "1", "--budget", "0",
                           "--ledger", str(tmp_path / "ledger.jsonl"), "--out", str(tmp_path / "pairs.jsonl"),
                           "--normalize"], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

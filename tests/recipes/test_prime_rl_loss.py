@@ -22,6 +22,7 @@ from recipes.prime_rl.composer_loss import (
     LossInputs,
     LossOutputs,
     composer_loss,
+    loss_fn,
 )
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
@@ -225,6 +226,28 @@ def test_batched_input_is_refused_with_the_fix():
         ValueError, match=r"expected \(seq,\) shape, got \(B, T\) \(2, 4\).*one sample per call"
     ):
         composer_loss(batched)
+
+
+def test_loss_fn_is_the_spec_name_and_runs_per_row_as_troubleshooting_7():
+    """TROUBLESHOOTING §7's fix: slice a batch into per-sample ``[seq]`` inputs and call ``loss_fn`` per row."""
+    assert loss_fn is composer_loss
+    g = torch.Generator().manual_seed(3)
+    B, T = 3, 7
+    lp = torch.log(torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    inf = lp.detach() + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    teacher = torch.log(torch.rand(B, T, generator=g, dtype=torch.float64))
+    adv, mask = torch.randn(B, T, generator=g, dtype=torch.float64), torch.ones(B, T, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"expected \(seq,\) shape, got \(B, T\)"):
+        loss_fn(ComposerLossInputs(lp, inf, None, adv, mask, teacher_logprobs=teacher))
+    total = sum(loss_fn(ComposerLossInputs(trainer_logprobs=lp[b], inference_logprobs=inf[b], ref_logprobs=None,
+                                           advantages=adv[b], loss_mask=mask[b], teacher_logprobs=teacher[b]),
+                        alpha_sdpo=0.1).loss for b in range(B))
+    (grad,) = torch.autograd.grad(total, lp)
+    ratio = torch.exp(lp.detach() - inf)
+    dp = torch.exp(lp.detach()) - torch.exp(inf)
+    keep, dkeep = torch.where(adv > 0, dp <= 0.2, dp >= -0.2), dp >= -0.2
+    want = -keep.double() * adv * ratio + 2e-3 * (lp.detach() - inf) - 0.1 * dkeep.double() * (teacher - lp.detach()) * ratio
+    torch.testing.assert_close(grad, want)  # d/dlp of the summed per-token loss, row by row
 
 
 @pytest.mark.parametrize(

@@ -120,25 +120,59 @@ def test_missing_folder_or_metrics_is_a_clear_error(tmp_path, capsys):
     assert "report error:" in capsys.readouterr().err
 
 
-def test_malformed_metrics_name_the_line(tmp_path):
+def test_malformed_metrics_lines_are_skipped_naming_the_line(tmp_path):
     run = _run_folder(tmp_path)
     with (run / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 5, "loss/tot')
-    with pytest.raises(ReportError, match=r"metrics.jsonl line 7 is not JSON .*remove or repair that line"):
-        load_run(run)
-    (run / "metrics.jsonl").write_text("[1, 2]\n")
-    with pytest.raises(ReportError, match=r"line 1 is not a metrics row"):
-        load_run(run)
+        f.write('[1, 2]\n{"step": 5, "loss/tot')
+    rec = load_run(run)
+    assert len(rec.train) == 4 and any("line 7 skipped: not a metrics row" in w for w in rec.warnings)
+    assert any("line 8 skipped: not JSON" in w and "half a line" in w for w in rec.warnings)
     (run / "metrics.jsonl").write_text('{"step": 0, "eval/mean": 0.1}\n')
-    with pytest.raises(ReportError, match="no training step yet"):
+    with pytest.raises(ReportError, match="no usable training step"):
         load_run(run)
 
 
-def test_malformed_summary_is_a_clear_error(tmp_path):
+def test_malformed_summary_is_ignored_with_a_warning(tmp_path):
     run = _run_folder(tmp_path)
     (run / "summary.json").write_text("{not json")
-    with pytest.raises(ReportError, match=r"summary.json is not JSON .*delete it"):
-        write_report(run)
+    rec = load_run(run)
+    assert rec.summary == {} and any("summary.json ignored: not JSON" in w for w in rec.warnings)
+    assert write_report(rec).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_damaged_input_never_tracebacks(tmp_path, capsys):
+    """Hostile rows: +-1e308 steps, a deeply nested line, a non-object line, NaN/inf/huge values, a `restarts` and
+    events of the wrong type. The report skips or clips each with a warning and still draws (exit 0)."""
+    run = _run_folder(tmp_path, diloco=True)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 1e308, "loss/total": 1.0}) + "\n")
+        f.write(json.dumps({"step": -1e308, "loss/total": 1.0}) + "\n")
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+        f.write('{"a": ' * 50_000 + "1" + "}" * 50_000 + "\n")
+        f.write('"just a string"\nnull\n')
+        f.write('{"step": 7, "loss/total": 0.2, "loss/grpo": NaN, "loss/jsd": Infinity, "reward/mean": 1e308, "diloco/restarts": -1e308}\n')
+        f.write('{"step": 99999999999999999999999999999999, "loss/total": 1.0}\n')
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(restarts=["1", 2], diloco_events=[{"step": 1e308}, "x", {"step": "2"}], steps="many",
+                   channel_nonzero_steps={"loss/grpo": {"deep": 1}}, wall_time_s=float("inf"))
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main([str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("report warning:") >= 8
+    assert "'restarts' ignored" in err and "clipped" in err
+    assert (run / "report.png").read_bytes()[:8] == PNG_MAGIC
+    rec = load_run(run)
+    assert all(abs(r["step"]) < 1e12 for r in rec.train) and rec.series("reward/mean")[1][-1] == 1e12
+
+
+def test_nothing_usable_is_exit_2_with_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1e308, "loss/total": 1}\n' + "[" * 100_000 + "\n")
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("report error:") and "no usable training step" in err[-1]
+    assert all(line.startswith("report ") for line in err) and not (run / "report.png").exists()
 
 
 def test_recipe_report_line_never_raises(tmp_path):
@@ -146,3 +180,5 @@ def test_recipe_report_line_never_raises(tmp_path):
     assert recipe_report(run) == f"report {run / 'report.png'}"
     assert (run / "report.png").read_bytes()[:8] == PNG_MAGIC
     assert recipe_report(tmp_path / "gone").startswith("no report picture: run folder")
+    (run / "metrics.jsonl").open("a").write("[\n")
+    assert recipe_report(run).endswith("(1 damaged line(s) or value(s) skipped or clipped)")

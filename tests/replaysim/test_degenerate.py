@@ -9,10 +9,10 @@ import pytest
 from composer_replication.data import bundled_path
 from composer_replication.ingestion import ingest_any
 from composer_replication.replaysim import DJNormalizer
-from composer_replication.replaysim.degenerate import RULES, DegeneracyLimits, degeneracy, is_degenerate
+from composer_replication.replaysim.normalize import RULES, degeneracy
 from composer_replication.rollout import NextActionEnvironment
 from composer_replication.teacher_replay import extract_dpo_pairs
-from composer_replication.teacher_replay.recorded import FAILED_CALL_KINDS, recorded_result
+from composer_replication.teacher_replay.teachers import FAILED_CALL_KINDS, recorded_result
 
 READ = '[TOOL_USE] name=Read input={"file_path": "/app/config.py"}'
 EDIT = (
@@ -111,12 +111,11 @@ def test_text_for_call_needs_the_recorded_action():
 
 
 def test_limits_are_checked_and_used():
-    assert is_degenerate("a b c a b c d", limits=DegeneracyLimits(max_ngram_repeat_ratio=0.1))
-    assert not is_degenerate("a b c a b c d")
-    with pytest.raises(ValueError, match="max_ngram_repeat_ratio must be in"):
-        DegeneracyLimits(max_ngram_repeat_ratio=1.0)
-    with pytest.raises(ValueError, match="ngram_size must be an integer >= 2"):
-        DegeneracyLimits(ngram_size=1)
+    assert degeneracy("a b c a b c d", max_ngram_repeat_ratio=0.1) is not None
+    assert degeneracy("a b c a b c d") is None
+    for bad in ({"max_ngram_repeat_ratio": 1.0}, {"ngram_size": 1}, {"ngram_sizes": 3}):
+        with pytest.raises(ValueError, match=r"max_ngram_repeat_ratio must be in \[0, 1\)"):
+            degeneracy("ok", **bad)
     with pytest.raises(ValueError, match="an action must be text"):
         degeneracy(None)  # type: ignore[arg-type]
 
@@ -124,13 +123,14 @@ def test_limits_are_checked_and_used():
 # ------------------------------------------------------------------------------------------------
 # The normalizer drops them, counted by reason
 # ------------------------------------------------------------------------------------------------
-def _pair(sid: str, chosen: str, *, recorded: str = READ, rejected: str = "I will do nothing.", **meta):
-    metadata = {"recorded_action": recorded, "rejected_source": "student_sample", **meta}
+def _pair(sid: str, chosen: str, *, recorded: str = READ, **meta):
+    """A recorded-teacher pair: its rejected side comes from the rollouts (not stored)."""
+    metadata = {"recorded_action": recorded, "rejected_source": "rollout", **meta}
     return {
         "state_id": sid,
         "state_messages": [{"role": "user", "content": f"task {sid}"}],
         "chosen": chosen,
-        "rejected": rejected,
+        "rejected_messages": [],
         "n_teachers_agreeing": 1,
         "metadata": metadata,
     }
@@ -171,11 +171,24 @@ def test_default_normalizer_drops_each_degenerate_reason_and_counts_it():
 
 
 def test_recorded_action_falls_back_to_the_rejected_side_of_frontier_pairs():
-    """A frontier pair's rejected side is the recorded action; a student-sample pair's is not."""
+    """A frontier pair's rejected side is the recorded action; a rollout-rejected pair has none stored."""
     frontier = {"state_id": "f", "state_messages": [], "chosen": "Done.", "rejected": READ}
-    sampled = {**frontier, "state_id": "s", "metadata": {"rejected_source": "student_sample"}}
-    out = DJNormalizer().normalize([frontier, sampled])
+    rollout = {"state_id": "s", "state_messages": [], "chosen": "Done.", "rejected_messages": [],
+               "metadata": {"rejected_source": "rollout"}}
+    out = DJNormalizer().normalize([frontier, rollout])
     assert [p.state_id for p in out] == ["s"]  # unknown recorded action: text_for_call cannot apply
+
+
+def test_rollout_rejected_pairs_are_kept_counted_and_deduplicated_by_state_and_chosen():
+    """Their empty rejected side is no reason to drop; their chosen side is still filtered; two of them are
+    duplicates only at the same state (the same chosen at two states trains twice)."""
+    pairs = [_pair("a", READ), _pair("b", READ), {**_pair("c", READ), "state_messages": _pair("a", READ)["state_messages"]},
+             _pair("d", "The tests pass now.")]
+    n = DJNormalizer()
+    out = n.normalize(pairs)
+    assert [p.state_id for p in out] == ["a", "b"] and all(p.rejected_messages == [] for p in out)
+    assert {d.state_id: d.kind for d in n.last_report.dropped} == {"c": "document_deduplicator", "d": "text_for_call"}
+    assert n.last_report.drop_counts()["text_length_filter"] == 0  # the rejected-side length rule skipped them
 
 
 def test_recipe_can_turn_off_text_for_call(tmp_path):
@@ -223,8 +236,7 @@ def test_bundled_sessions_make_well_formed_recorded_pairs():
     states = [dict(s) for f in files for s in ingest_any(f)]
     assert len(states) >= 40
     results = [recorded_result(s) for s in states]
-    student = {s["state_id"]: "I will do nothing." for s in states}
-    pairs = extract_dpo_pairs(states, results, agreement_threshold=1, student_actions=student)
+    pairs = extract_dpo_pairs(states, results, agreement_threshold=1, rejected_from_rollout=True)
     failed = [s for s in states if s.get("error_kind") in FAILED_CALL_KINDS]  # the agent's own mistakes
     assert failed and not {p.state_id for p in pairs} & {s["state_id"] for s in failed}
     assert len(pairs) == sum(1 for s in states if s["student_action"].strip()) - len(failed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.machinery
 import json
@@ -14,8 +15,9 @@ import pytest
 import yaml
 
 from composer_replication import replaysim
-from composer_replication.replaysim import DJNormalizer, NormalizedDPOPair, RecipeError
+from composer_replication.replaysim import DJNormalizer, NormalizedDPOPair
 from composer_replication.replaysim import normalize as norm_mod
+from composer_replication.replaysim.normalize import RecipeError
 
 
 def _pair(sid: str, chosen: str, rejected: str = "[TOOL_USE] name=Bash input={\"cmd\": \"ls\"}", n: int = 2):
@@ -41,9 +43,8 @@ def test_default_recipe_is_in_the_repo_and_loads():
     assert DJNormalizer.DEFAULT_RECIPE == repo / "composer_replication" / "replaysim" / "default.yaml"
     assert DJNormalizer.DEFAULT_RECIPE.is_file()
     n = DJNormalizer()
-    assert [op.name for op in n.ops] == ["degenerate_action_filter", "text_length_filter", "text_length_filter",
-                                         "document_deduplicator"]
-    assert [op.text_key for op in n.ops] == ["chosen", "chosen", "rejected", "text"]
+    assert [(name, key) for name, key, _ in n.ops] == [("degenerate_action_filter", "chosen"), (
+        "text_length_filter", "chosen"), ("text_length_filter", "rejected"), ("document_deduplicator", "text")]
 
 
 def test_default_recipe_drops_empty_long_and_duplicate_pairs():
@@ -67,8 +68,8 @@ def test_default_recipe_drops_empty_long_and_duplicate_pairs():
     assert [(o["op"], o["text_key"], o["backend"]) for o in meta["ops"]] == [
         ("degenerate_action_filter", "chosen", "native"), ("text_length_filter", "chosen", "native"), ("text_length_filter", "rejected", "native"),
         ("document_deduplicator", "text", "native")]
-    rep = n.normalize_report()
-    assert rep is n.last_report and (rep.n_in, rep.n_out) == (6, 3)
+    rep = n.last_report
+    assert (rep.n_in, rep.n_out) == (6, 3)
     why = {d.state_id: (d.op, d.reason) for d in rep.dropped}
     assert why["s1"] == ("degenerate_action_filter", "degenerate_action_filter on chosen: empty: no text and no tool call")
     assert why["s2"] == ("text_length_filter", "text_length_filter on rejected: len=20001 outside [1, 20000]")
@@ -100,28 +101,6 @@ def test_text_length_filter_bounds_inclusive_and_defaults(tmp_path):
     assert _run(tmp_path, "text_length_filter", {}, ["123456789", "1234567890"]) == ["1234567890"]  # min_len=10
 
 
-def test_words_num_filter_splits_and_strips_special_characters(tmp_path):
-    # words: "hello," "world!" "foo" "..." "123" -> stripped: hello world foo -> 3 words
-    text = "hello,  world!\n\tfoo ... 123"
-    assert _run(tmp_path, "words_num_filter", {"min_num": 3, "max_num": 3}, [text]) == [text]
-    assert _run(tmp_path, "words_num_filter", {"min_num": 4}, [text]) == []
-    # non-breaking space is not a separator for data-juicer: "a\u00a0b" is one word
-    assert _run(tmp_path, "words_num_filter", {"min_num": 2}, ["a\u00a0b", "a b"]) == ["a b"]
-
-
-def test_special_characters_filter_ratio(tmp_path):
-    from composer_replication.replaysim.ops import SPECIAL_CHARACTERS, op_stat
-
-    assert op_stat("special_characters_filter", "a1!b", {}) == 0.5
-    assert op_stat("special_characters_filter", "", {}) == 0.0
-    for c in ["\u3000", "\u2003", "…", "€", "😀", " ", "\n", "7", "{"]:
-        assert c in SPECIAL_CHARACTERS, repr(c)
-    for c in ["a", "Z", "é", "ж"]:
-        assert c not in SPECIAL_CHARACTERS, repr(c)
-    kept = _run(tmp_path, "special_characters_filter", {"min_ratio": 0.0, "max_ratio": 0.25}, ["abc!", "ab!!", "abcd"])
-    assert kept == ["abc!", "abcd"]
-
-
 def test_document_deduplicator_normalisation(tmp_path):
     texts = ["Hello, World 1", "hello world", "hello world ", "HELLO WORLD"]
     assert _run(tmp_path, "document_deduplicator", {}, texts) == ["Hello, World 1", "hello world", "HELLO WORLD"]
@@ -143,7 +122,7 @@ def test_text_keys_list_first_wins_and_text_key_override(tmp_path):
 
 def test_text_key_defaults_to_text_as_in_data_juicer(tmp_path):
     n = DJNormalizer(_recipe(tmp_path, {"process": [{"text_length_filter": {"min_len": 6}}]}))
-    assert n.ops[0].text_key == "text"
+    assert n.ops[0][1] == "text"
     out = n.normalize([_pair("a", "ab", "cd"), _pair("b", "abc", "de")])  # text = "ab\ncd" (5), "abc\nde" (6)
     assert [p.state_id for p in out] == ["b"]
 
@@ -160,21 +139,20 @@ def test_missing_recipe_names_the_path(tmp_path):
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        ("- just\n- a list\n", "must be a YAML mapping"),
-        ("text_keys: chosen\n", "has no 'process' key"),
-        ("process: {text_length_filter: {}}\n", "'process' must be a list"),
-        ("process:\n  - text_length_filter: {}\n    document_deduplicator: {}\n", r"process\[0\] must be a mapping with exactly one"),
-        ("process:\n  - text_length_filter\n", r"process\[0\] must be a mapping with exactly one"),
-        ("process:\n  - text_length_filter: [1, 2]\n", r"arguments of process\[0\] \(text_length_filter\) must be a mapping"),
-        ("process:\n  - language_id_score_filter: {}\n", "unknown operator 'language_id_score_filter'"),
+        ("- just\n- a list\n", "must be a YAML mapping with a 'process' list"),
+        ("text_keys: chosen\n", "must be a YAML mapping with a 'process' list"),
+        ("process: {text_length_filter: {}}\n", "must be a YAML mapping with a 'process' list"),
+        ("process:\n  - text_length_filter: {}\n    document_deduplicator: {}\n", r"process\[0\] must be '- op_name"),
+        ("process:\n  - text_length_filter\n", r"process\[0\] must be '- op_name"),
+        ("process:\n  - text_length_filter: [1, 2]\n", r"process\[0\] must be '- op_name: \{arguments\}'"),
         ("process:\n  - text_length_filter: {min_lenght: 3}\n", r"\(text_length_filter\): unknown argument\(s\) \['min_lenght'\]"),
-        ("process:\n  - text_length_filter: {min_len: '3'}\n", "argument min_len must be int, got '3'"),
+        ("process:\n  - text_length_filter: {min_len: '3'}\n", "argument min_len must be int >= 0, got '3'"),
         ("process:\n  - text_length_filter: {min_len: true}\n", "argument min_len must be int"),
         ("process:\n  - text_length_filter: {min_len: 5, max_len: 2}\n", "min_len=5 is greater than max_len=2"),
-        ("process:\n  - special_characters_filter: {max_ratio: -0.5}\n", "max_ratio must be >= 0"),
-        ("process:\n  - document_deduplicator: {lowercase: 'yes'}\n", "argument lowercase must be bool"),
-        ("process:\n  - words_num_filter: {tokenization: true}\n", "tokenization=True needs a sentencepiece"),
-        ("text_keys: 3\nprocess: []\n", "text_keys must be a non-empty string"),
+        ("process:\n  - text_length_filter: {max_len: -1}\n", "argument max_len must be int >= 0"),
+        ("process:\n  - document_deduplicator: {lowercase: 'yes'}\n", "argument lowercase must be bool, got 'yes'"),
+        ("process:\n  - degenerate_action_filter: {max_ngram_repeat_ratio: 2.0}\n", r"must be in \[0, 1\)"),
+        ("text_keys: 3\nprocess: []\n", "text_keys a string"),
         ("process: [\n", "not valid YAML"),
     ],
 )
@@ -184,17 +162,18 @@ def test_malformed_recipes(tmp_path, body, match):
     assert issubclass(RecipeError, ValueError)
 
 
-def test_text_key_must_be_a_record_field(tmp_path):
-    with pytest.raises(ValueError, match=r"process\[0\] \(text_length_filter\) reads text_key 'prompt'"):
-        DJNormalizer(_recipe(tmp_path, {"process": [{"text_length_filter": {"text_key": "prompt"}}]}))
-
-
-def test_bad_backend_and_missing_data_juicer(monkeypatch):
-    with pytest.raises(ValueError, match="backend must be one of"):
-        DJNormalizer(backend="spark")
+def test_an_operator_that_is_not_native_needs_data_juicer(tmp_path, monkeypatch):
+    """Without data-juicer, a recipe naming another operator fails at once, naming it and the fix."""
     monkeypatch.setattr(norm_mod.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(RuntimeError, match="pip install py-data-juicer"):
-        DJNormalizer(backend="data_juicer")
+    recipe = _recipe(tmp_path, {"process": [{"text_length_filter": {}}, {"words_num_filter": {"min_num": 3}}]})
+    with pytest.raises(RecipeError, match=r"process\[1\] uses 'words_num_filter', which is not a native operator "
+                                          r".* data-juicer is not installed: install it \(pip install py-data-juicer\)"):
+        DJNormalizer(recipe)
+
+
+def test_text_key_must_be_a_record_field(tmp_path):
+    with pytest.raises(RecipeError, match=r"process\[0\] \(text_length_filter\) reads text_key 'prompt'"):
+        DJNormalizer(_recipe(tmp_path, {"process": [{"text_length_filter": {"text_key": "prompt"}}]}))
 
 
 @pytest.mark.parametrize(
@@ -238,15 +217,23 @@ def test_data_juicer_backend_plumbing(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "data_juicer", dj)
     monkeypatch.setitem(sys.modules, "data_juicer.config", dj.config)
     monkeypatch.setitem(sys.modules, "data_juicer.core", dj.core)
-    # An operator the native backend lacks is fine here: data-juicer validates its own operators.
-    recipe = _recipe(tmp_path, {"text_keys": "chosen", "process": [{"language_id_score_filter": {"lang": "en"}}]})
-    n = DJNormalizer(recipe, backend="data_juicer")
-    out = n.normalize([_pair("a", "abc"), _pair("b", "x"), _pair("c", "abcd")])
-    assert [p.state_id for p in out] == ["a", "c"]
+    # An operator that is not native runs under data-juicer when it is importable (it checks its own operators);
+    # replaysim's own degeneracy filter runs natively first, everything else goes to data-juicer.
+    recipe = _recipe(tmp_path, {"text_keys": "chosen", "process": [
+        {"degenerate_action_filter": {"check_text_for_call": False}}, {"language_id_score_filter": {"lang": "en"}},
+        {"text_length_filter": {}}]})
+    n = DJNormalizer(recipe)
+    rollout = {**_pair("r", "abcde"), "rejected_messages": [], "metadata": {"rejected_source": "rollout"}}
+    rollout.pop("rejected")
+    out = n.normalize([_pair("a", "abc"), _pair("b", "x"), _pair("c", "abcd"), _pair("d", "la la la la la la"), rollout])
+    assert [p.state_id for p in out] == ["a", "c", "r"]
     assert out[0].metadata["backend"] == "data_juicer"
-    assert out[0].metadata["ops"] == [{"op": "language_id_score_filter", "backend": "data_juicer"}]
-    assert seen["cfg"]["process"] == [{"language_id_score_filter": {"lang": "en"}}] and seen["cfg"]["np"] == 1
-    assert [(d.state_id, d.op) for d in n.last_report.dropped] == [("b", "data_juicer")]
+    assert out[0].metadata["ops"] == [{"op": "degenerate_action_filter", "text_key": "chosen", "backend": "native"},
+                                      {"op": "language_id_score_filter", "backend": "data_juicer"},
+                                      {"op": "text_length_filter", "backend": "data_juicer"}]
+    assert seen["cfg"]["process"] == [{"language_id_score_filter": {"lang": "en"}}, {"text_length_filter": {}}]
+    assert seen["cfg"]["np"] == 1
+    assert [(d.state_id, d.op) for d in n.last_report.dropped] == [("b", "data_juicer"), ("d", "degenerate_action_filter")]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,8 +246,9 @@ def _fake_teacher_replay(calls: dict):
                  "latency_s": 0.0, "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0, "error": None}
                 for s in states for t in ("t1", "t2")]
 
-    def extract_dpo_pairs(states, teacher_actions, agreement_threshold=2):
-        calls["extract"] = {"n": len(teacher_actions), "agreement_threshold": agreement_threshold}
+    def extract_dpo_pairs(states, teacher_actions, agreement_threshold=2, rejected_from_rollout=False):
+        calls["extract"] = {"n": len(teacher_actions), "agreement_threshold": agreement_threshold,
+                            "rejected_from_rollout": rejected_from_rollout}
         return [_pair(s["state_id"], "[TOOL_USE] name=Read input={}", s["student_action"]) for s in states]
 
     return types.SimpleNamespace(replay_trace=replay_trace, extract_dpo_pairs=extract_dpo_pairs)
@@ -275,7 +263,7 @@ def test_replay_and_normalize_trace_forwards_and_normalises(monkeypatch):
     monkeypatch.setattr(norm_mod, "teacher_replay", _fake_teacher_replay(calls))
     raw, pairs = asyncio.run(replaysim.replay_and_normalize_trace(
         states=STATES, agreement_threshold=3, max_total_usd=1.5, api_key="k"))
-    assert len(raw) == 4 and calls["extract"] == {"n": 4, "agreement_threshold": 3}
+    assert len(raw) == 4 and calls["extract"] == {"n": 4, "agreement_threshold": 3, "rejected_from_rollout": False}
     assert calls["replay"]["teachers"] == ("default",)  # teachers=None -> replay_trace's default
     assert calls["replay"]["max_total_usd"] == 1.5 and calls["replay"]["api_key"] == "k"
     assert [p.state_id for p in pairs] == ["t::0000"]  # empty student action dropped by the default recipe
@@ -294,12 +282,17 @@ def test_replay_sync_wrapper_and_explicit_normalizer(monkeypatch):
         replaysim.replay_and_normalize_trace_sync(states=STATES, normalizer=object())
 
 
-def test_sync_wrapper_refuses_a_running_loop():
-    async def inner():
-        replaysim.replay_and_normalize_trace_sync(states=STATES)
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited")
+def test_sync_wrappers_refuse_a_running_loop():
+    from composer_replication.teacher_replay import replay_trace_sync
 
-    with pytest.raises(RuntimeError, match="await replay_and_normalize_trace"):
-        asyncio.run(inner())
+    async def inner(sync):
+        sync(states=STATES)
+
+    for sync in (replaysim.replay_and_normalize_trace_sync, replay_trace_sync):
+        with pytest.raises(RuntimeError, match="cannot be called from a running event loop"):
+            asyncio.run(inner(sync))
+    gc.collect()  # the coroutines never awaited warn here, under this test's filter
 
 
 def test_reexports():

@@ -1,4 +1,4 @@
-"""``batching.generate_responses``: shared-prefix prefill and the static cache give the plain answers."""
+"""``rollout.generate``: shared-prefix prefill and the static cache give the plain answers."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import copy
 import pytest
 import torch
 
-from composer_replication.batching import (
+from composer_replication.batching import pad_id
+from composer_replication.chat_format import end_of_turn_id
+from composer_replication.rollout.generate import (
     generate_in_length_order,
     generate_responses,
     left_padded_prompts,
     length_order,
-    pad_id,
     shared_prefix_cache,
     static_cache,
 )
-from composer_replication.chat_format import end_of_turn_id
 
 SYSTEM = "You are a careful coding agent. Read files before editing them, run the tests, and answer concisely. " * 3
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from composer_replication.chat_format import build_prompt_ids
-from composer_replication.grpo import group_advantages
+from composer_replication.losses import group_advantages
 from composer_replication.rollout.assemble import assemble_batch, rollout_stats
 from composer_replication.rollout.environment import Prompt, Score, score_texts
 from composer_replication.rollout.next_action import NextActionEnvironment

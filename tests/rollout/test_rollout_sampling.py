@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from composer_replication.batching import cut_at_end_of_turn
 from composer_replication.chat_format import build_prompt_ids, end_of_turn_id
 from composer_replication.rollout.environment import Prompt
+from composer_replication.rollout.generate import cut_at_end_of_turn
 from composer_replication.rollout.sampling import sample_rollouts
 
 PROMPTS = [

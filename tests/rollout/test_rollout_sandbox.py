@@ -18,6 +18,7 @@ from composer_replication.rollout._sandbox_score import decode, judge_check
 from composer_replication.rollout.sandbox import (
     SandboxUnavailableError,
     os_sandbox_status,
+    run_command_sandboxed,
     run_python_sandboxed,
 )
 
@@ -341,3 +342,45 @@ def test_checker_functions_look_up_no_global_name():
         assert loads == [], f"{code.co_name} looks up globals {loads}"
         todo += [c for c in code.co_consts if hasattr(c, "co_code")]
     assert seen > len(helpers)
+
+
+# ---------------------------------------------------------------------------- commands (an agent's workspace)
+
+
+@pytest.mark.parametrize("mode", ["require", "off"])
+def test_command_runs_in_its_workspace_under_limits_and_leaves_nothing_behind(tmp_path, mode):
+    if mode == "require" and not os_sandbox_status()[0]:
+        pytest.skip(f"no OS sandbox here: {os_sandbox_status()[1]}")
+    (tmp_path / "in.txt").write_text("data\n")
+    mount = "/workspace" if mode == "require" else str(tmp_path)
+    script = ("cat in.txt; echo made > out.txt; pwd; echo $CR_X; ulimit -v; ulimit -Hv; "
+              "(sleep 60 &) ; echo err >&2; exit 3")
+    start = time.monotonic()
+    res = run_command_sandboxed(["bash", "-c", script], workdir=tmp_path, mount=mount, memory_mb=512,
+                                env={"CR_X": "a b"}, os_sandbox=mode)
+    assert time.monotonic() - start < 10 and res.returncode == 3 and not res.timed_out
+    assert res.output.split("\n")[:6] == ["data", mount, "a b", str(512 << 10), str(512 << 10), "err"]
+    assert (tmp_path / "out.txt").read_text() == "made\n"
+    assert res.leftover_processes == 0 and res.isolation == ("bwrap" if mode == "require" else "none")
+
+
+def test_command_timeout_kills_it_and_output_is_bounded(tmp_path):
+    res = run_command_sandboxed(["bash", "-c", "echo started; sleep 60"], workdir=tmp_path, mount="/w",
+                                timeout_s=1.0, os_sandbox="auto")
+    assert res.timed_out and res.duration_s < 5 and res.leftover_processes == 0 and res.output == "started\n"
+    res = run_command_sandboxed(["yes"], workdir=tmp_path, mount="/w", max_file_bytes=1 << 20, os_sandbox="auto")
+    assert not res.timed_out and res.returncode != 0 and len(res.output) <= 1 << 20  # RLIMIT_FSIZE stops it
+
+
+def test_command_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="argv must be a non-empty list"):
+        run_command_sandboxed("ls", workdir=tmp_path, mount="/w")
+    with pytest.raises(ValueError, match="mount an absolute path"):
+        run_command_sandboxed(["ls"], workdir=tmp_path, mount="w")
+    if os_sandbox_status()[0]:
+        with pytest.raises(ValueError, match="overlaps /usr"):
+            run_command_sandboxed(["ls"], workdir=tmp_path, mount="/usr/local/w")
+    with pytest.raises(ValueError, match="env must map"):
+        run_command_sandboxed(["ls"], workdir=tmp_path, mount="/w", env={"A;rm": "x"})
+    with pytest.raises(ValueError, match="timeout_s must be positive"):
+        run_command_sandboxed(["ls"], workdir=tmp_path, mount="/w", timeout_s=0)

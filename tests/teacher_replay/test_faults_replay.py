@@ -23,14 +23,10 @@ from raw_server import RawServer, http_response, ok_response
 from replay_helpers import REPO, SECRET, make_states, teacher
 
 from benchmarks.fake_openai_server import FakeOpenAIServer
-from composer_replication.teacher_replay import (
-    BUDGET_SKIP,
-    Ledger,
-    build_teacher_messages,
-    replay_trace,
-    worst_case_cost,
-)
+from composer_replication.teacher_replay import Ledger, replay_trace
+from composer_replication.teacher_replay.budget import worst_case_cost
 from composer_replication.teacher_replay.ledger import ledger_spend
+from composer_replication.teacher_replay.teachers import BUDGET_SKIP, build_teacher_messages
 
 FAST = {"backoff_base_s": 0.005, "max_backoff_s": 0.02}
 
@@ -90,12 +86,15 @@ def test_a_reused_connection_closed_after_the_post_is_never_resent_unpaid(tmp_pa
         (lambda req: httpx.Response(429, json={"error": {"code": 429, "message": "slow down"}}), False),
         (lambda req: (_ for _ in ()).throw(httpx.ReadError("reset", request=req)), True),
         (lambda req: (_ for _ in ()).throw(httpx.RemoteProtocolError("closed", request=req)), True),
-        (lambda req: httpx.Response(502, json={"error": {"code": 502, "message": "upstream died"}}), True),
-        (lambda req: httpx.Response(200, json={"choices": [{"error": {"code": 503}}]}), True),
+        (lambda req: httpx.Response(502, json={"error": {"code": 502, "message": "upstream died"}}), False),
+        (lambda req: httpx.Response(200, json={"choices": [{"error": {"code": 503}}]}), False),
+        (lambda req: httpx.Response(502, text="<html>bad gateway</html>"), False),
     ],
-    ids=["connect-error", "connect-timeout", "429", "read-error", "closed", "502", "error-in-200"],
+    ids=["connect-error", "connect-timeout", "429", "read-error", "closed", "502", "error-in-200", "502-html"],
 )
-def test_only_attempts_that_never_reached_the_server_retry_for_free(failure, paid):
+def test_only_attempts_whose_outcome_is_unknown_are_paid_at_their_reservation(failure, paid):
+    """Never sent: free. Answered by the provider (an error status or an error body, no usage): its bill, 0.
+    Sent, then the connection dropped: the bill is unknown, so the reservation."""
     script = [failure, failure]
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -117,6 +116,23 @@ def test_only_attempts_that_never_reached_the_server_retry_for_free(failure, pai
     success = (100 * 1.0 + 10 * 2.0) / 1e6
     expected = success + (2 * _reservation(states[0], spec) if paid else 0.0)
     assert res[0]["cost_usd"] == pytest.approx(expected)
+
+
+def test_answered_errors_settle_at_the_bill_not_the_reservation(tmp_path):
+    """The server answers 429 and 502 (a body, no usage, nothing billed), then succeeds: the reported spend is
+    the server's bill (the answered errors once counted at their reservations: a third of the budget early)."""
+    ledger = tmp_path / "ledger.jsonl"
+    with FakeOpenAIServer(api_key=SECRET, prices={"a/one": (1000.0, 1000.0)}) as srv:
+        srv.add_fault("status", status=429, times=1, message="slow down")
+        srv.add_fault("status", status=502, times=1, message="upstream died")
+        spec = teacher("a/one", srv.base_url, p_in=1000.0, p_out=1000.0)
+        res = asyncio.run(replay_trace(make_states(2), [spec], 10.0, SECRET, ledger_path=ledger,
+                                       per_teacher_concurrency=1, **FAST))
+        statuses, bill = [r.status for r in srv.requests], srv.billed_usd
+    assert statuses == [429, 502, 200, 200] and all(r["error"] is None for r in res)
+    assert bill > 0 and sum(r["cost_usd"] for r in res) == pytest.approx(bill, rel=1e-9)
+    assert ledger_spend(ledger) == pytest.approx(bill, rel=1e-9)
+    assert res[0]["cost_usd"] < _reservation(make_states(1)[0], spec)  # far below one reservation
 
 
 _KILLED_CHILD = textwrap.dedent(
@@ -195,8 +211,19 @@ def test_a_gzip_bomb_is_refused_without_inflating_it():
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    assert res[0]["error"].startswith("response too large: over 8388608 bytes after decompression")
+    # identity was asked for: a compressed body is refused unread, never inflated
+    assert res[0]["error"].startswith("malformed response: Content-Encoding 'gzip' where identity was asked for")
     assert peak < 64 << 20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_a_body_over_the_limit_is_refused_while_it_streams():
+    def handler(conn, n, body):
+        conn.sendall(http_response(200, b" " * (9 << 20)))
+        return False
+
+    with RawServer(handler) as srv:
+        res = asyncio.run(replay_trace(make_states(1), [teacher("a/one", srv.base_url)], 1.0, SECRET, max_retries=0))
+    assert res[0]["error"].startswith("response too large: over 8388608 bytes")
 
 
 # ---------------------------------------------------------------------------- bad usage values

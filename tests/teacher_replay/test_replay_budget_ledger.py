@@ -17,14 +17,10 @@ import pytest
 from replay_helpers import REPO, SECRET, make_states, teacher
 
 from benchmarks.fake_openai_server import FakeOpenAIServer
-from composer_replication.teacher_replay import (
-    BUDGET_SKIP,
-    TeacherReplayer,
-    build_teacher_messages,
-    replay_trace,
-    request_sha256,
-    worst_case_cost,
-)
+from composer_replication.teacher_replay import TeacherReplayer, replay_trace
+from composer_replication.teacher_replay.budget import worst_case_cost
+from composer_replication.teacher_replay.ledger import request_sha256
+from composer_replication.teacher_replay.teachers import BUDGET_SKIP, build_teacher_messages
 
 
 def test_spend_never_exceeds_the_cap_with_many_calls_in_flight():

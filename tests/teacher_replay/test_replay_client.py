@@ -11,7 +11,10 @@ import httpx
 import pytest
 from replay_helpers import SECRET, make_states, teacher
 
-from composer_replication.teacher_replay import MissingAPIKeyError, replay_trace, worst_case_cost
+from composer_replication.teacher_replay import replay_trace
+from composer_replication.teacher_replay.budget import worst_case_cost
+from composer_replication.teacher_replay.keys import MissingAPIKeyError
+from composer_replication.teacher_replay.teachers import build_teacher_messages
 
 URL = "https://api.example.test/v1"
 
@@ -147,20 +150,17 @@ def test_connection_errors_are_retried_then_give_up(fast_retry):
 
 
 @pytest.mark.parametrize(
-    ("body", "expected"),
+    ("body", "expected", "answered"),
     [
-        ("<html>oops</html>", "malformed response: HTTP 200 body is not JSON"),
-        (json.dumps({"choices": []}), "malformed response: no choices[0]"),
-        (json.dumps({"choices": [{"finish_reason": "stop"}]}), "malformed response: choices[0].message"),
-        (json.dumps([1, 2]), "malformed response: expected a JSON object"),
-        (
-            json.dumps({"choices": [{"finish_reason": "error", "message": {}}]}),
-            "provider error (finish_reason",
-        ),
-        (json.dumps({"error": {"code": "weird", "message": "bad"}}), "provider error in a 200 reply"),
+        ("<html>oops</html>", "malformed response: HTTP 200 body is not JSON", False),
+        (json.dumps({"choices": []}), "malformed response: no choices[0]", False),
+        (json.dumps({"choices": [{"finish_reason": "stop"}]}), "malformed response: choices[0].message", False),
+        (json.dumps([1, 2]), "malformed response: expected a JSON object", False),
+        (json.dumps({"choices": [{"finish_reason": "error", "message": {}}]}), "provider error (finish_reason", True),
+        (json.dumps({"error": {"code": "weird", "message": "bad"}}), "provider error in a 200 reply", True),
     ],
 )
-def test_bad_200_bodies_are_errors_not_retried(body, expected):
+def test_bad_200_bodies_are_errors_not_retried(body, expected, answered):
     n = {"calls": 0}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -170,10 +170,25 @@ def test_bad_200_bodies_are_errors_not_retried(body, expected):
     states, t = make_states(1), _t()
     res = _run(states, [t], handler)
     assert res[0]["error"].startswith(expected) and res[0]["response_text"] is None and n["calls"] == 1
-    # the server may have worked (and billed) before its reply broke: paid at the reservation
-    from composer_replication.teacher_replay import build_teacher_messages
+    # a broken reply: the server may have worked (and billed), so the reservation; an error the provider
+    # reported without usage: nothing billed
+    reservation = worst_case_cost(t, build_teacher_messages(states[0]), 1024)
+    assert res[0]["cost_usd"] == (0.0 if answered else pytest.approx(reservation))
 
-    assert res[0]["cost_usd"] == pytest.approx(worst_case_cost(t, build_teacher_messages(states[0]), 1024))
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [({"Content-Type": "text/event-stream"}, 'data: {"choices": []}\n\ndata: [DONE]\n\n'),
+     ({"Content-Type": "application/json"}, 'data: {"choices": [{"delta": {"content": "ok"}}]}\n\n')],
+    ids=["event-stream", "data-lines"],
+)
+def test_a_streamed_reply_is_refused_and_stops_the_teacher(headers, body):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=headers, text=body)
+
+    res = _run(make_states(2), [_t()], handler, per_teacher_concurrency=1)
+    assert res[0]["error"] == "streaming replies are not supported; use a non-streaming endpoint"
+    assert res[1]["error"] == "skipped: teacher stopped after streaming replies are not supported; use a non-streaming endpoint"
 
 
 def test_error_code_402_inside_200_stops_the_teacher():
@@ -191,8 +206,6 @@ def test_missing_usage_is_charged_the_worst_case():
 
     states, t = make_states(1), _t(max_tokens=50)
     res = _run(states, [t], handler)
-    from composer_replication.teacher_replay import build_teacher_messages
-
     assert res[0]["cost_usd"] == pytest.approx(worst_case_cost(t, build_teacher_messages(states[0]), 50))
 
 

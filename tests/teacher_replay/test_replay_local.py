@@ -8,8 +8,8 @@ import httpx
 import pytest
 from replay_helpers import make_states
 
-from composer_replication.teacher_replay import LocalTeacher, TeacherReplayer, teacher_needs_key
-from composer_replication.teacher_replay.local import local_model_name
+from composer_replication.teacher_replay import TeacherReplayer
+from composer_replication.teacher_replay.teachers import LocalTeacher, local_model_name, teacher_needs_key
 
 
 def test_local_slugs():

@@ -9,21 +9,26 @@ import pickle
 import pytest
 from replay_helpers import SECRET
 
-from composer_replication.teacher_replay import (
-    Budget,
-    Ledger,
-    MissingAPIKeyError,
-    SecretKey,
-    build_teacher_messages,
+from composer_replication.teacher_replay import Budget, Ledger
+from composer_replication.teacher_replay.budget import (
+    BadUsageError,
+    CostModel,
+    Usage,
     estimate_prompt_tokens,
-    reply_to_action,
-    request_sha256,
-    resolve_api_key,
+    parse_usage,
     worst_case_cost,
 )
-from composer_replication.teacher_replay.budget import BadUsageError, CostModel, Usage, parse_usage
-from composer_replication.teacher_replay.keys import InvalidAPIKeyError, parse_dotenv, scrub, scrub_clip
-from composer_replication.teacher_replay.ledger import ledger_spend
+from composer_replication.teacher_replay.keys import (
+    InvalidAPIKeyError,
+    MissingAPIKeyError,
+    SecretKey,
+    parse_dotenv,
+    resolve_api_key,
+    scrub,
+    scrub_clip,
+)
+from composer_replication.teacher_replay.ledger import ledger_spend, request_sha256
+from composer_replication.teacher_replay.teachers import build_teacher_messages, reply_to_action
 
 # ---------------------------------------------------------------------------- keys
 

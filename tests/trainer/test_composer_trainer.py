@@ -4,6 +4,7 @@ the composition with TRL's GRPO loss, and two real training steps on the tiny mo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -121,7 +122,7 @@ def test_non_conversational_prompt_with_hint_is_refused(trainer, batch):
     with pytest.raises(ValueError, match="row 0 has a hint but its prompt is not conversational"):
         trainer._sdpo_tensors([r["prompt"] for r in rows], [r.get("hint") for r in rows], batch)
     with pytest.raises(ValueError, match="dpo_chosen and dpo_rejected must both be non-empty"):
-        trainer._dpo_tensors([r["prompt"] for r in _rows(1)], [("x", None)], torch.device("cpu"))
+        trainer._dpo_tensors([("x", None)] + [(None, None)] * 3, batch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,24 +171,31 @@ def test_compute_loss_composes_grpo_and_channels(trainer, batch, monkeypatch):
     grpo = GRPOTrainer._compute_loss(trainer, model, batch)
     sdpo = trainer._compute_sdpo_loss(model, batch)
     dpo = trainer._compute_trace_replay_loss(model, batch)
-    total = trainer._compute_loss(model, batch)
-    torch.testing.assert_close(total, grpo + 0.5 * sdpo + 0.5 * dpo, atol=1e-5, rtol=1e-5)
-    metrics = trainer._metrics["train"]
-    for key in ("composer/grpo", "composer/sdpo_jsd", "composer/trace_replay_dpo", "composer/total"):
-        assert metrics[key], key
-    monkeypatch.setattr(trainer, "alpha_sdpo", 0.0)
-    monkeypatch.setattr(trainer, "beta_replay", 0.0)
+    trainer._channel_metrics["train"].clear()
+    monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", 2)
+    total = trainer._compute_loss(model, batch)  # the channels' shares are 1 / GA (TRL's GRPO loss is scaled)
+    torch.testing.assert_close(total, grpo / 2 + 0.5 * sdpo / 2 + 0.5 * dpo / 2, atol=1e-5, rtol=1e-5)
+    pending = trainer._channel_metrics["train"]
+    assert {"composer/jsd", "composer/jsd/num_tokens", "composer/dpo", "composer/dpo/num_pairs",
+            "composer/dpo/reward_accuracy"} <= pending.keys()
+    assert all(isinstance(v, torch.Tensor) for vs in pending.values() for v in vs)  # read once per logging step
+    trainer._channel_metrics["train"].clear()
+    monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", 1)
+    monkeypatch.setattr(trainer, "loss_config", dataclasses.replace(trainer.loss_config, alpha_sdpo=0.0, beta_replay=0.0))
     assert float(trainer._compute_sdpo_loss(model, batch)) == 0.0
-    torch.testing.assert_close(trainer._compute_loss(model, batch), grpo, atol=1e-6, rtol=1e-6)
+    assert torch.equal(trainer._compute_loss(model, batch), GRPOTrainer._compute_loss(trainer, model, batch))
+    assert not trainer._channel_metrics["train"]
 
 
 def test_channels_skip_rows_without_data_and_check_alignment(trainer, batch):
+    trainer._channel_metrics["train"].clear()
     b = {k: v for k, v in batch.items() if not k.startswith(("ctx_", "sdpo_", "dpo_"))}
     assert float(trainer._compute_sdpo_loss(trainer.model, b)) == 0.0
     assert float(trainer._compute_trace_replay_loss(trainer.model, b)) == 0.0
     b = dict(batch)
     b["sdpo_loss_mask"] = torch.zeros_like(batch["sdpo_loss_mask"])
     assert float(trainer._compute_sdpo_loss(trainer.model, b)) == 0.0
+    assert not trainer._channel_metrics["train"]  # a channel that did not run logs nothing
     bad = batch["sdpo_loss_mask"].clone()
     row = int(bad.any(-1).nonzero()[0])
     bad[row, bad[row].nonzero()[-1]] = 0  # drop the last distilled token of one row
@@ -200,12 +208,12 @@ def test_channels_skip_rows_without_data_and_check_alignment(trainer, batch):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"alpha_sdpo": -1.0}, "'loss.alpha_sdpo' must be >= 0"), ({"beta_replay": -0.1}, "'loss.beta_replay' must be >= 0"),
-     ({"sdpo_jsd_beta": 1.5}, r"'loss.sdpo_jsd_beta' must be in \[0, 1\]"),
-     ({"sdpo_temperature": 0.0}, "'loss.sdpo_temperature' must be > 0"),
-     ({"sdpo_token_clip": 0.0}, "'loss.sdpo_token_clip' must be > 0 or null"),
-     ({"replay_dpo_beta": 0.0}, "'loss.replay_dpo_beta' must be > 0"),
-     ({"loss_chunk_size": 0}, "'loss.chunk_size' must be an int >= 1 or null")],
+    [({"alpha_sdpo": -1.0}, "'loss.alpha_sdpo' must be a number in .0, "), ({"beta_replay": -0.1}, "'loss.beta_replay' must be a number in .0, "),
+     ({"sdpo_jsd_beta": 1.5}, r"'loss.sdpo_jsd_beta' must be a number in \[0, 1\]"),
+     ({"sdpo_temperature": 0.0}, "'loss.sdpo_temperature' must be a number in .0, "),
+     ({"sdpo_token_clip": 0.0}, "'loss.sdpo_token_clip' must be a number in .0, "),
+     ({"replay_dpo_beta": 0.0}, "'loss.replay_dpo_beta' must be a number in .0, "),
+     ({"loss_chunk_size": 0}, "'loss.chunk_size' must be an integer in .1, ")],
 )
 def test_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -243,11 +251,11 @@ def test_two_training_steps_log_channels_and_change_every_parameter(tiny_model_a
         model=model, reward_funcs=[_reward_len], args=_config(str(tmp_path)),
         train_dataset=Dataset.from_list(_rows(4, every=1)), processing_class=tok, alpha_sdpo=0.5, beta_replay=0.5)
     tr.train()
-    logs = [h for h in tr.state.log_history if "composer/total" in h]
+    logs = [h for h in tr.state.log_history if "composer/jsd" in h]
     assert len(logs) == 2
     for h in logs:
-        for key in ("composer/grpo", "composer/sdpo_jsd", "composer/trace_replay_dpo", "composer/sdpo_tokens"):
+        for key in ("composer/jsd/num_tokens", "composer/dpo", "composer/dpo/reward_margin", "loss"):
             assert key in h, (key, h)
-        assert h["composer/dpo_pairs"] == 4.0
+        assert h["composer/dpo/num_pairs"] == 4.0
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
     assert unchanged == []

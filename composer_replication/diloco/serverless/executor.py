@@ -1,16 +1,14 @@
 """Serverless executors: launch N replicas somewhere, watch them, collect their results (ADR-005).
 
-A backend implements the :class:`ServerlessExecutor` protocol. :class:`LocalProcessExecutor` runs each
-replica in a fresh ``spawn`` process on this machine (tests, CI, local development with a ``file://``
-store); ``ModalExecutor`` and ``HFJobsExecutor`` (modules ``modal`` and ``hf_jobs``) run them on Modal and
-on Hugging Face Jobs. The replicas find each other only through the object store whose URI is in
-``entrypoint_args`` (see :func:`replica_entrypoint`).
+A backend implements :class:`ServerlessExecutor`. :class:`LocalProcessExecutor` runs each replica in a fresh
+``spawn`` process here (tests, local runs on a ``file://`` store); ``ModalExecutor`` and ``HFJobsExecutor``
+(``modal.py``, ``hf_jobs.py``) run them on Modal and Hugging Face Jobs. Each replica runs :func:`replica_entrypoint`;
+they meet only in the object store it names.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -26,17 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = [
-    "ReplicaHandle",
-    "ServerlessExecutor",
-    "LocalProcessExecutor",
-    "resolve_entrypoint",
-    "run_replica",
-    "collect_by_polling",
-    "STATUSES",
-]
+from composer_replication.diloco.serverless.allreduce import ObjectStoreAllReduce
 
-log = logging.getLogger(__name__)
+__all__ = ["ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "replica_entrypoint", "resolve_entrypoint",
+           "run_replica", "collect_by_polling", "STATUSES"]
 
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 _FINAL = ("succeeded", "failed", "cancelled")
@@ -53,142 +44,127 @@ class ReplicaHandle:
 
 @runtime_checkable
 class ServerlessExecutor(Protocol):
-    """Structural protocol for serverless backends (``isinstance`` works on it)."""
+    """Structural protocol of serverless backends (``isinstance`` works on it).
+
+    ``launch_replicas`` starts ``n_replicas`` running ``entrypoint(**entrypoint_args)`` (a dotted path; a callable
+    only locally) and returns their handles in rank order; ``poll`` gives one of :data:`STATUSES`; ``stream_logs``
+    the recent output (best effort); ``cancel`` stops one (best effort); ``collect`` blocks until all ended and
+    returns one dict per handle: ``rank, status, exit_code, error`` (and ``result`` where the backend has it).
+    """
 
     backend_name: str
     supports_inter_replica_network: bool
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        """Start ``n_replicas``; returns their handles in rank order."""
-        ...
+    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
+                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
+                        timeout: int = 3600) -> list[ReplicaHandle]: ...
 
-    def poll(self, handle: ReplicaHandle) -> str:
-        """One of ``pending``, ``running``, ``succeeded``, ``failed``, ``cancelled``."""
-        ...
+    def poll(self, handle: ReplicaHandle) -> str: ...
 
-    def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
-        """Best-effort recent stdout/stderr of the replica."""
-        ...
+    def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str: ...
 
-    def cancel(self, handle: ReplicaHandle) -> None:
-        """Best-effort stop."""
-        ...
+    def cancel(self, handle: ReplicaHandle) -> None: ...
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
-        """Block until every replica ended; one dict per handle: ``rank, status, exit_code, error``."""
-        ...
+    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]: ...
 
 
-def resolve_entrypoint(
-    entrypoint: str | Callable[..., Any], *, default_attr: str = "main"
-) -> Callable[..., Any]:
-    """A callable from ``"pkg.module"`` (its ``default_attr``, ``main``), ``"pkg.module.function"``,
-    ``"pkg.module:function"`` or a callable.
+def resolve_entrypoint(entrypoint: str | Callable[..., Any], *, default_attr: str = "main") -> Callable[..., Any]:
+    """A callable from ``"pkg.module"`` (its ``default_attr``) or ``"pkg.module.function"``.
 
     Raises:
-        ValueError: nothing importable and callable at that path (the message says what was tried).
+        ValueError: nothing callable at that path (the message says what was tried).
     """
     if callable(entrypoint):
         return entrypoint
     if not isinstance(entrypoint, str) or not entrypoint:
         raise ValueError(f"entrypoint must be a dotted path or a callable, got {entrypoint!r}")
-    if ":" in entrypoint:
-        module, attr = entrypoint.split(":", 1)
-        return _attr(importlib.import_module(module), attr, entrypoint)
     try:
-        module = importlib.import_module(entrypoint)
+        return _attr(importlib.import_module(entrypoint), default_attr, entrypoint)
     except ModuleNotFoundError as exc:
         if "." not in entrypoint or not entrypoint.startswith(exc.name or "\0"):
             raise
         parent, attr = entrypoint.rsplit(".", 1)
         return _attr(importlib.import_module(parent), attr, entrypoint)
-    return _attr(module, default_attr, entrypoint)
 
 
 def _attr(module: Any, attr: str, path: str) -> Callable[..., Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(
-            f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
-            f"{attr}(), or name the function: 'pkg.module.function'"
-        )
+        raise ValueError(f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
+                         f"{attr}(), or name the function: 'pkg.module.function'")
     return fn
 
 
-def run_replica(rank: int, entrypoint: str, entrypoint_args: Mapping[str, Any]) -> Any:
-    """Set ``$<rank_env>`` (``entrypoint_args["rank_env"]``, default ``REPLICA_RANK``) and run the entrypoint.
+def replica_entrypoint(rendezvous_uri: str, world_size: int, trainer_module: str, rank_env: str = "REPLICA_RANK", *,
+                       run_id: str | None = None, resume: bool = False, timeout_s: float = 1800.0,
+                       poll_interval_s: float = 1.0, storage_options: Mapping[str, Any] | None = None,
+                       trainer_kwargs: Mapping[str, Any] | None = None, min_world_size: int | None = None) -> Any:
+    """What every replica runs: rank from ``$<rank_env>``, an ``ObjectStoreAllReduce`` on ``rendezvous_uri`` (with
+    ``run_id``, ``resume``, ``timeout_s``, ``poll_interval_s``, ``storage_options``, ``min_world_size``; closed at the
+    end), then ``trainer_module``'s ``train(allreduce=..., **trainer_kwargs)`` (or ``"pkg.module.function"``); its
+    result.
 
-    This is the body of a remote replica (the Modal function, the HF Job command).
+    Raises:
+        ValueError: ``$<rank_env>`` is unset or not an integer in ``[0, world_size)``.
     """
+    raw = os.environ.get(rank_env)
+    if raw is None or not raw.strip().isdigit():
+        raise ValueError(f"replica rank: environment variable {rank_env}={raw!r} must be set to an int in "
+                         f"[0, {world_size}) by the executor (or pass rank_env naming the variable it sets)")
+    allreduce = ObjectStoreAllReduce(rendezvous_uri, int(raw), int(world_size), run_id=run_id, resume=resume,
+                                     timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+                                     storage_options=storage_options, min_world_size=min_world_size)
+    try:
+        return resolve_entrypoint(trainer_module, default_attr="train")(allreduce=allreduce, **dict(trainer_kwargs or {}))
+    finally:
+        allreduce.close()
+
+
+def run_replica(rank: int, entrypoint: str, entrypoint_args: Mapping[str, Any]) -> Any:
+    """The body of a remote replica (the Modal function): set ``$<rank_env>`` (default ``REPLICA_RANK``), run."""
     os.environ[str(entrypoint_args.get("rank_env", "REPLICA_RANK"))] = str(int(rank))
     return resolve_entrypoint(entrypoint)(**dict(entrypoint_args))
 
 
-def collect_by_polling(
-    executor: Any,
-    handles: list[ReplicaHandle],
-    timeout: int | None,
-    interval_s: float,
-    report: Callable[[ReplicaHandle, str], dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """Poll every handle until it is final (cancelling those still running after ``timeout`` s), then
-    return ``report(handle, status)`` for each, with ``error`` set for a timed-out one."""
+def _check_launch(n_replicas: Any, entrypoint: Any, backend: str) -> None:
+    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
+        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
+    if backend and not isinstance(entrypoint, str):
+        raise TypeError(f"{backend} needs entrypoint as a dotted path importable where the replica runs (callables "
+                        f"run only with LocalProcessExecutor), got {type(entrypoint).__name__}")
+
+
+def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int | None, interval_s: float,
+                       report: Callable[[ReplicaHandle, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Poll every handle until it is final (cancelling those still running after ``timeout`` s); then
+    ``report(handle, status)`` for each, or a ``cancelled`` entry saying so for a timed-out one."""
     deadline = None if timeout is None else time.monotonic() + timeout
     status = {id(h): executor.poll(h) for h in handles}
-    while any(s not in _FINAL for s in status.values()):
-        if deadline is not None and time.monotonic() >= deadline:
-            break
+    while any(s not in _FINAL for s in status.values()) and (deadline is None or time.monotonic() < deadline):
         time.sleep(interval_s)
         status.update({id(h): executor.poll(h) for h in handles if status[id(h)] not in _FINAL})
     out = []
     for h in handles:
-        if status[id(h)] not in _FINAL:
-            executor.cancel(h)
-            out.append(
-                {
-                    "rank": h.rank,
-                    "status": "cancelled",
-                    "exit_code": None,
-                    "error": f"still running after collect(timeout={timeout}); cancelled",
-                    "result": None,
-                }
-            )
-        else:
+        if status[id(h)] in _FINAL:
             out.append(report(h, status[id(h)]))
+            continue
+        executor.cancel(h)
+        out.append({"rank": h.rank, "status": "cancelled", "exit_code": None, "result": None,
+                    "error": f"still running after collect(timeout={timeout}); cancelled"})
     return out
 
 
-# ---------------------------------------------------------------------------- local processes
-
-
-def _child(
-    entrypoint: str | Callable[..., Any],
-    args: dict[str, Any],
-    rank_env: str,
-    rank: int,
-    log_path: str,
-    conn: Any,
-) -> None:
-    """Body of a replica process: set the rank variable, send stdout/stderr to the log, run, report."""
+def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank_env: str, rank: int, log_path: str,
+           conn: Any) -> None:
+    """A replica process: set the rank variable, send stdout/stderr to the log, run, report, exit."""
     os.environ[rank_env] = str(rank)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    try:
-        result = resolve_entrypoint(entrypoint)(**args)
-        # Plain pickle: multiprocessing's own would share tensors through file descriptors that die with
-        # this process before the launcher reads them.
-        message, code = pickle.dumps(("ok", result)), 0
+    try:  # plain pickle: multiprocessing's would share tensors through descriptors that die with this process
+        message, code = pickle.dumps(("ok", resolve_entrypoint(entrypoint)(**args))), 0
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher with its traceback
         traceback.print_exc()
         message, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
@@ -202,10 +178,9 @@ def _child(
 class LocalProcessExecutor:
     """Reference executor: one ``spawn`` process per replica on this machine.
 
-    ``metadata`` of a handle: ``pid``, ``start_ts``, ``log_path`` (the replica's stdout and stderr),
-    ``deadline`` (``start_ts + timeout``). A replica still running past its ``timeout`` is killed and
-    reported ``failed`` with an error saying so. ``collect`` results also carry ``result``: the value the
-    entrypoint returned (it must be picklable).
+    A handle's ``metadata``: ``pid``, ``start_ts``, ``log_path`` (stdout and stderr), ``deadline``. A replica past
+    its ``timeout`` is killed and reported ``failed``. ``collect`` results add ``result`` (the entrypoint's return
+    value, which must be picklable) and ``log_path``.
     """
 
     backend_name = "local_process"
@@ -218,87 +193,52 @@ class LocalProcessExecutor:
         self._procs: dict[int, Any] = {}
         self._state: dict[int, dict[str, Any]] = {}
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        """Start ``n_replicas`` processes running ``entrypoint(**entrypoint_args)`` with ``$REPLICA_RANK`` set.
-
-        ``entrypoint_args["rank_env"]`` (default ``"REPLICA_RANK"``) names the rank variable; it is also
-        passed on to the entrypoint. ``gpu`` only warns: local processes share the visible devices.
-        """
-        if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-            raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
+    def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
+                        entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
+                        timeout: int = 3600) -> list[ReplicaHandle]:
+        """Start ``n_replicas`` processes running ``entrypoint(**entrypoint_args)`` with ``$REPLICA_RANK`` (or
+        ``$<entrypoint_args["rank_env"]>``) set. ``gpu`` only warns: local processes share the visible devices."""
+        _check_launch(n_replicas, entrypoint, "")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if gpu is not None:
-            warnings.warn(
-                f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share the visible devices",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share the visible devices",
+                          UserWarning, stacklevel=2)
         if isinstance(entrypoint, str):
             resolve_entrypoint(entrypoint)  # fail here, not in N children
         args = dict(entrypoint_args)
-        rank_env = str(args.get("rank_env", "REPLICA_RANK"))
         handles = []
         for rank in range(n_replicas):
             log_path = self._log_dir / f"replica_{rank}_{time.time_ns()}.log"
             recv, send = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(
-                target=_child,
-                args=(entrypoint, args, rank_env, rank, str(log_path), send),
-                name=f"replica-{rank}",
-                daemon=False,
-            )
+            proc = self._ctx.Process(target=_child, name=f"replica-{rank}", args=(
+                entrypoint, args, str(args.get("rank_env", "REPLICA_RANK")), rank, str(log_path), send))
             proc.start()
             send.close()
-            start = time.time()
             self._procs[proc.pid] = proc
             self._state[proc.pid] = {"conn": recv, "outcome": None, "cancelled": False, "timed_out": False}
-            handles.append(
-                ReplicaHandle(
-                    rank=rank,
-                    backend_name=self.backend_name,
-                    metadata={
-                        "pid": proc.pid,
-                        "start_ts": start,
-                        "log_path": str(log_path),
-                        "deadline": start + timeout,
-                    },
-                )
-            )
+            start = time.time()
+            handles.append(ReplicaHandle(rank, self.backend_name, {
+                "pid": proc.pid, "start_ts": start, "log_path": str(log_path), "deadline": start + timeout}))
         return handles
 
-    def _receive(self, pid: int) -> None:
-        state = self._state[pid]
+    def poll(self, handle: ReplicaHandle) -> str:
+        """``running`` until the process exits, then ``succeeded``, ``failed`` or ``cancelled``."""
+        proc, state = self._procs[handle.metadata["pid"]], self._state[handle.metadata["pid"]]
+        if proc.exitcode is None and time.time() > handle.metadata["deadline"]:
+            state["timed_out"] = True
+            self._kill(proc)
         try:
             while state["outcome"] is None and state["conn"].poll():
                 state["outcome"] = pickle.loads(state["conn"].recv_bytes())
         except (EOFError, OSError):
             pass
-
-    def poll(self, handle: ReplicaHandle) -> str:
-        """``running`` until the process exits, then ``succeeded``, ``failed`` or ``cancelled``."""
-        pid = handle.metadata["pid"]
-        proc, state = self._procs[pid], self._state[pid]
-        self._receive(pid)
-        if proc.exitcode is None and time.time() > handle.metadata["deadline"]:
-            state["timed_out"] = True
-            self._kill(proc)
         if proc.exitcode is None:
             return "running"
-        self._receive(pid)
         if state["cancelled"]:
             return "cancelled"
-        if proc.exitcode == 0 and state["outcome"] is not None and state["outcome"][0] == "ok":
-            return "succeeded"
-        return "failed"
+        ok = proc.exitcode == 0 and state["outcome"] is not None and state["outcome"][0] == "ok"
+        return "succeeded" if ok else "failed"
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
         """The last ``n_lines`` of the replica's stdout and stderr."""
@@ -310,10 +250,9 @@ class LocalProcessExecutor:
 
     def cancel(self, handle: ReplicaHandle) -> None:
         """Terminate the replica (SIGTERM, then SIGKILL after 5 s); no-op once it ended."""
-        pid = handle.metadata["pid"]
-        proc = self._procs[pid]
+        proc = self._procs[handle.metadata["pid"]]
         if proc.exitcode is None:
-            self._state[pid]["cancelled"] = True
+            self._state[handle.metadata["pid"]]["cancelled"] = True
             self._kill(proc)
 
     @staticmethod
@@ -325,48 +264,23 @@ class LocalProcessExecutor:
             proc.join(5)
 
     def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
-        """Wait for every replica (at most ``timeout`` s: the rest are cancelled) and report each.
+        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle, in order: ``rank``,
+        ``status``, ``exit_code`` (negative: killed by that signal), ``error`` (``None`` on success), ``result``."""
+        return collect_by_polling(self, handles, timeout, 0.05, self._result)
 
-        Returns one dict per handle, in order: ``rank``, ``status``, ``exit_code`` (negative: killed by
-        that signal), ``error`` (``None`` on success; the exception or the reason otherwise), ``result``.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = list(handles)
-        while pending:
-            pending = [h for h in pending if self.poll(h) not in _FINAL]
-            if pending and deadline is not None and time.monotonic() >= deadline:
-                for h in pending:
-                    self._state[h.metadata["pid"]]["collect_timeout"] = timeout
-                    self.cancel(h)
-                break
-            if pending:
-                time.sleep(0.05)
-        return [self._result(h) for h in handles]
-
-    def _result(self, handle: ReplicaHandle) -> dict[str, Any]:
-        pid = handle.metadata["pid"]
-        proc, state = self._procs[pid], self._state[pid]
-        status = self.poll(handle)
+    def _result(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
+        proc, state = self._procs[handle.metadata["pid"]], self._state[handle.metadata["pid"]]
         proc.join()
-        outcome = state["outcome"]
-        error = None
-        if state.get("collect_timeout") is not None:
-            error = f"still running after collect(timeout={state['collect_timeout']}); cancelled"
-        elif state["timed_out"]:
+        outcome, code, error = state["outcome"], proc.exitcode, None
+        if state["timed_out"]:
             error = f"ran past its launch timeout ({handle.metadata['deadline'] - handle.metadata['start_ts']:g} s); killed"
         elif status == "cancelled":
             error = "cancelled"
         elif outcome is not None and outcome[0] == "error":
             error = outcome[1]
         elif status == "failed":
-            code = proc.exitcode
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             error = f"replica process {how} without reporting a result"
-        return {
-            "rank": handle.rank,
-            "status": status,
-            "exit_code": proc.exitcode,
-            "error": error,
-            "result": outcome[1] if outcome is not None and outcome[0] == "ok" else None,
-            "log_path": handle.metadata["log_path"],
-        }
+        return {"rank": handle.rank, "status": status, "exit_code": code, "error": error,
+                "result": outcome[1] if outcome is not None and outcome[0] == "ok" else None,
+                "log_path": handle.metadata["log_path"]}

@@ -1,13 +1,9 @@
-"""Object-store plumbing for the serverless allreduce: opening a store, self-checking objects, atomic writes.
+"""Object-store plumbing of the serverless allreduce: opening a store, self-checking objects, atomic writes.
 
 An object is ``MAGIC | header length (8 bytes, little endian) | JSON header | body``. The header names the
-run, round, rank and every tensor (dtype, shape, byte count) and carries the body's length and SHA-256,
-so a reader can tell a complete object from a half-written one, or from one that belongs to another run
-or round, without trusting the store's write semantics.
-
-Writes are atomic where the store allows it: on a local file system the object is written to a hidden
-temporary name and renamed into place; object stores (S3, GCS, Azure) make a PUT visible only once it
-is complete. ``create_exclusive`` is the one compare-and-set primitive the commit protocol needs:
+launch, round and rank, every tensor (dtype, shape, byte count), the body's length and its SHA-256; it is
+validated as a schema, so a half-written, stale, foreign or hostile object is a :class:`CorruptObjectError`
+(a missing rank), never read as current. ``create_exclusive`` is the one compare-and-set the protocol needs:
 ``os.link`` on a local disk, ``If-None-Match: *`` on S3, ``mode="create"`` elsewhere.
 """
 
@@ -15,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
+import math
 import os
 import struct
 import uuid
@@ -24,44 +20,25 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "StoreAccessError",
-    "CorruptObjectError",
-    "open_store",
-    "encode_tensors",
-    "decode_tensors",
-    "write_atomic",
-    "create_exclusive",
-    "read_json",
-]
+__all__ = ["StoreAccessError", "CorruptObjectError", "open_store", "encode_tensors", "decode_tensors",
+           "write_atomic", "create_exclusive", "read_json", "dump_json"]
 
-log = logging.getLogger(__name__)
-
-MAGIC = b"CRAR1\n"
+MAGIC = b"CRAR2\n"
 _LEN = struct.Struct("<Q")
-
-# Adapters whose package name differs from what fsspec's registry message says.
-_ADAPTERS = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "abfss": "adlfs",
-    "adl": "adlfs",
-    "hf": "huggingface_hub",
-    "sftp": "paramiko",
-    "ssh": "paramiko",
+_MAX_HEADER = 1 << 24  # 16 MiB of JSON is far above any model's tensor list
+_DTYPES = {name: getattr(torch, name) for name in
+           ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")}
+_ADAPTERS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+             "abfss": "adlfs", "adl": "adlfs", "hf": "huggingface_hub", "sftp": "paramiko", "ssh": "paramiko"}
+_CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
+                      "DefaultCredentialsError", "ClientAuthenticationError", "InvalidAccessKeyId"}
+_HINTS = {
+    "s3": "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an IAM role); on Modal or HF Jobs pass "
+          "them as secrets of the executor; check with `python -c \"import s3fs; print(s3fs.S3FileSystem().ls('BUCKET'))\"`",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
+    "hf": "set HF_TOKEN with write access to the repository",
+    "file": "make the folder writable by this user, or choose another --store",
 }
-_CREDENTIAL_ERRORS = (
-    "NoCredentialsError",
-    "PartialCredentialsError",
-    "NoAuthTokenError",
-    "DefaultCredentialsError",
-    "ClientAuthenticationError",
-    "InvalidAccessKeyId",
-)
 
 
 class StoreAccessError(RuntimeError):
@@ -69,7 +46,7 @@ class StoreAccessError(RuntimeError):
 
 
 class CorruptObjectError(ValueError):
-    """An object that is not (yet) a complete, self-consistent allreduce object."""
+    """An object that is not (yet) a complete, self-consistent allreduce object of this launch and round."""
 
 
 def protocol_of(uri: str) -> str:
@@ -78,11 +55,11 @@ def protocol_of(uri: str) -> str:
 
 
 def open_store(uri: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """Resolve ``uri`` to ``(fsspec filesystem, root path without protocol)``.
+    """``(fsspec filesystem, root path without protocol)`` of ``uri``.
 
     Raises:
         ImportError: the protocol's fsspec adapter is not installed; the message names the package.
-        ValueError: fsspec does not know the protocol at all.
+        ValueError: fsspec does not know the protocol.
     """
     import fsspec
 
@@ -92,111 +69,107 @@ def open_store(uri: str, storage_options: Mapping[str, Any] | None = None) -> tu
     except ImportError as exc:
         package = _ADAPTERS.get(proto, f"the fsspec adapter for {proto}://")
         raise ImportError(
-            f"ObjectStoreAllReduce needs the fsspec adapter for {proto}:// to reach {uri!r}, and it is not "
-            f"installed ({exc}). Install it beside composer-replication: `pip install {package}`"
-            + (" (or `pip install -e .[s3]`)" if package == "s3fs" else "")
-            + "."
-        ) from exc
+            f"ObjectStoreAllReduce needs the fsspec adapter for {proto}:// to reach {uri!r}, and it is not installed "
+            f"({exc}). Install it beside composer-replication: `pip install {package}`"
+            + (" (or `pip install -e .[s3]`)." if package == "s3fs" else ".")) from exc
     except ValueError as exc:
-        raise ValueError(
-            f"fsspec does not know the protocol {proto!r} of {uri!r} ({exc}); use file://, memory://, s3:// "
-            "or another protocol listed by fsspec.available_protocols()"
-        ) from exc
+        raise ValueError(f"fsspec does not know the protocol {proto!r} of {uri!r} ({exc}); use file://, memory://, "
+                         "s3:// or another protocol listed by fsspec.available_protocols()") from exc
     return fs, root.rstrip("/")
 
 
-def explain_access_error(exc: BaseException, uri: str) -> BaseException | None:
-    """A ``StoreAccessError`` explaining a credentials failure, or ``None`` when ``exc`` is not one."""
-    names = {type(e).__name__ for e in _chain(exc)}
-    text = " ".join(str(e) for e in _chain(exc))
-    if not (
-        names & set(_CREDENTIAL_ERRORS)
-        or isinstance(exc, PermissionError)
-        or "credentials" in text.lower()
-        or "AccessDenied" in text
-    ):
+def explain_access_error(exc: BaseException, uri: str) -> StoreAccessError | None:
+    """A ``StoreAccessError`` saying where credentials come from, or ``None`` when ``exc`` is no credentials error."""
+    chain, e = [], exc
+    while e is not None and e not in chain and len(chain) < 8:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e) for e in chain)
+    if not ({type(e).__name__ for e in chain} & _CREDENTIAL_ERRORS or isinstance(exc, PermissionError)
+            or "credentials" in text.lower() or "AccessDenied" in text):
         return None
-    proto = protocol_of(uri)
-    hint = {
-        "s3": "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an IAM role); on Modal or HF "
-        'Jobs pass them as secrets of the executor; check with `python -c "import s3fs; '
-        "print(s3fs.S3FileSystem().ls('BUCKET'))\"`",
-        "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
-        "gcs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
-        "hf": "set HF_TOKEN with write access to the repository",
-        "file": "make the folder writable by this user, or choose another --store",
-    }.get(proto, "provide the store's credentials through its usual environment variables")
+    proto = {"gcs": "gs"}.get(protocol_of(uri), protocol_of(uri))
+    hint = _HINTS.get(proto, "provide the store's credentials through its usual environment variables")
     return StoreAccessError(f"the store at {uri!r} refused access ({type(exc).__name__}: {exc}); {hint}")
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    while exc is not None and exc not in out and len(out) < 8:
-        out.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return out
 
 
 # ---------------------------------------------------------------------------- codec
 
 
 def encode_tensors(tensors: Sequence[torch.Tensor], meta: Mapping[str, Any]) -> bytes:
-    """Serialise ``tensors`` (any shapes, any dtypes, any device) with a self-checking header.
-
-    ``meta`` (run, round, rank, name) is stored in the header and checked by :func:`decode_tensors`.
-    """
+    """Serialise ``tensors`` (any shapes, dtypes of ``_DTYPES``, any device) behind a header holding ``meta``."""
     bodies, specs = [], []
     for t in tensors:
         flat = t.detach().to("cpu").contiguous().reshape(-1)
         raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
         bodies.append(raw)
-        specs.append(
-            {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)}
-        )
+        specs.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)})
     body = b"".join(bodies)
     header = dict(meta, tensors=specs, body_nbytes=len(body), sha256=hashlib.sha256(body).hexdigest())
     head = json.dumps(header, sort_keys=True).encode()
     return MAGIC + _LEN.pack(len(head)) + head + body
 
 
+def _check_header(header: Any) -> list[tuple[torch.dtype, list[int], int]]:
+    """``(dtype, shape, nbytes)`` per tensor of a header, or ``CorruptObjectError`` naming what is wrong."""
+    if not isinstance(header, dict):
+        raise CorruptObjectError(f"header is a JSON {type(header).__name__}, not an object")
+    specs, total = header.get("tensors"), header.get("body_nbytes")
+    if not isinstance(specs, list) or not _is_int(total) or not isinstance(header.get("sha256"), str):
+        raise CorruptObjectError("header lacks 'tensors' (a list), 'body_nbytes' (an int) or 'sha256' (a string)")
+    out = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES:
+            raise CorruptObjectError(f"tensor {i}: dtype must be one of {sorted(_DTYPES)}")
+        shape, nbytes, dtype = spec.get("shape"), spec.get("nbytes"), _DTYPES[spec["dtype"]]
+        if (not isinstance(shape, list) or len(shape) > 32 or not all(_is_int(d) and d >= 0 for d in shape)
+                or not _is_int(nbytes)):
+            raise CorruptObjectError(f"tensor {i}: shape must be a list of at most 32 ints >= 0 and nbytes an int")
+        if nbytes != math.prod(shape) * dtype.itemsize:
+            raise CorruptObjectError(f"tensor {i}: nbytes {nbytes} != numel x itemsize of {spec['dtype']}{shape}")
+        out.append((dtype, shape, nbytes))
+    if sum(n for *_, n in out) != total:
+        raise CorruptObjectError(f"the tensors' nbytes do not add up to body_nbytes {total}")
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def decode_tensors(data: bytes, expect: Mapping[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """Parse an object written by :func:`encode_tensors`; returns ``(header, tensors)``.
+    """Parse an object written by :func:`encode_tensors`: ``(header, tensors)``.
 
     Raises:
-        CorruptObjectError: truncated, wrong magic, body length or hash mismatch, or a header whose
-            ``expect`` keys (run, round, rank) differ: a half-written object or a stale one.
+        CorruptObjectError: truncated, bad magic, a header that fails the schema (dict, known dtypes, ``nbytes ==
+            numel * itemsize``, shapes of ints >= 0), a body whose length or SHA-256 differs (half-written), or
+            ``expect`` keys (launch, round, rank) that differ (stale or foreign).
     """
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LEN.size:
+    start = len(MAGIC) + _LEN.size
+    if not data.startswith(MAGIC) or len(data) < start:
         raise CorruptObjectError(f"not an allreduce object ({len(data)} bytes, bad magic or truncated)")
     (hlen,) = _LEN.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
+    if hlen > min(_MAX_HEADER, len(data) - start):
+        raise CorruptObjectError(f"header length {hlen} exceeds the object (half-written)")
     try:
-        header = json.loads(data[start : start + hlen])
-    except ValueError as exc:
-        raise CorruptObjectError(f"header is truncated or not JSON ({exc})") from exc
-    body = data[start + hlen :]
-    if len(body) != header.get("body_nbytes"):
-        raise CorruptObjectError(
-            f"body has {len(body)} bytes, header says {header.get('body_nbytes')} (half-written)"
-        )
-    if hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        header = json.loads(data[start:start + hlen])
+    except (ValueError, RecursionError) as exc:
+        raise CorruptObjectError(f"header is truncated or not JSON ({type(exc).__name__})") from None
+    specs = _check_header(header)
+    body = data[start + hlen:]
+    if len(body) != header["body_nbytes"]:
+        raise CorruptObjectError(f"body has {len(body)} bytes, header says {header['body_nbytes']} (half-written)")
+    if hashlib.sha256(body).hexdigest() != header["sha256"]:
         raise CorruptObjectError("body SHA-256 does not match its header (half-written or corrupted)")
     for key, value in expect.items():
         if header.get(key) != value:
-            raise CorruptObjectError(
-                f"object belongs to {key}={header.get(key)!r}, expected {value!r} (stale)"
-            )
+            raise CorruptObjectError(f"object belongs to {key}={str(header.get(key))[:40]!r}, expected {value!r} (stale)")
     tensors, offset = [], 0
-    for spec in header["tensors"]:
-        dtype = getattr(torch, spec["dtype"])
-        chunk = body[offset : offset + spec["nbytes"]]
-        offset += spec["nbytes"]
-        flat = (
-            torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
-            if chunk
-            else torch.empty(0, dtype=torch.uint8)
-        )
-        tensors.append(flat.view(dtype).reshape(spec["shape"]))
+    for dtype, shape, nbytes in specs:
+        chunk = bytearray(body[offset:offset + nbytes])
+        offset += nbytes
+        flat = torch.frombuffer(chunk, dtype=torch.uint8) if chunk else torch.empty(0, dtype=torch.uint8)
+        tensors.append(flat.view(dtype).reshape(shape))
     return header, tensors
 
 
@@ -209,17 +182,18 @@ def is_local(fs: Any) -> bool:
     return "file" in protocols or "local" in protocols
 
 
-def write_atomic(fs: Any, path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` so that no reader ever sees a partial object.
+def _local_tmp(fs: Any, path: str, data: bytes) -> str:
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    tmp = f"{fs._parent(path)}/.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    return tmp
 
-    Local disk: temporary sibling, then rename. Object stores: a single PUT (visible only when complete).
-    """
+
+def write_atomic(fs: Any, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` so that no reader sees a partial object (local: temporary + rename; stores: one PUT)."""
     if is_local(fs):
-        fs.makedirs(fs._parent(path), exist_ok=True)
-        tmp = f"{fs._parent(path)}/.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        os.replace(_local_tmp(fs, path, data), path)
     else:
         fs.pipe_file(path, data)
 
@@ -227,14 +201,11 @@ def write_atomic(fs: Any, path: str, data: bytes) -> None:
 def create_exclusive(fs: Any, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if it does not exist yet; True when this call created it.
 
-    Atomic on local disks (hard link of a complete temporary file), on S3 (``If-None-Match``) and in
-    memory://; other stores fall back to fsspec's ``mode="create"`` (check, then write).
+    Atomic on local disks (hard link), on S3 (``If-None-Match``) and in memory://; other stores fall back to
+    fsspec's ``mode="create"`` (check, then write).
     """
     if is_local(fs):
-        fs.makedirs(fs._parent(path), exist_ok=True)
-        tmp = f"{fs._parent(path)}/.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        tmp = _local_tmp(fs, path, data)
         try:
             os.link(tmp, path)
             return True
@@ -254,15 +225,12 @@ def create_exclusive(fs: Any, path: str, data: bytes) -> bool:
 
 
 def read_json(fs: Any, path: str) -> dict[str, Any] | None:
-    """The JSON object at ``path``, or ``None`` when it is absent or not complete yet."""
+    """The control object at ``path``; ``None`` when absent, incomplete, deeper than JSON allows, or not an object."""
     fs.invalidate_cache(fs._parent(path))  # a cached listing would hide a key created since
     try:
         data = fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError:
+        value = json.loads(data[:_MAX_HEADER])
+    except (FileNotFoundError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) and value.get("complete") is True else None
 
@@ -270,3 +238,14 @@ def read_json(fs: Any, path: str) -> dict[str, Any] | None:
 def dump_json(value: Mapping[str, Any]) -> bytes:
     """Encode a small control object; :func:`read_json` accepts it only with ``complete: true``."""
     return json.dumps(dict(value, complete=True), sort_keys=True).encode()
+
+
+def listing(fs: Any, folder: str) -> set[str]:
+    """Names in ``folder`` (empty when it does not exist), never from a cached listing."""
+    fs.invalidate_cache(folder)
+    try:
+        return {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)}
+    except FileNotFoundError:
+        return set()
+    finally:  # s3fs answers reads of unlisted keys from a cached listing: never keep one
+        fs.invalidate_cache(folder)

@@ -7,13 +7,21 @@ import time
 import uuid
 from pathlib import Path
 
-import fsspec
 import pytest
 import torch
 from tests_serverless_helpers import run_ranks
 
-from composer_replication.diloco.serverless import ObjectStoreAllReduce, RoundTimeoutError, StoreAccessError
-from composer_replication.diloco.serverless.store import CorruptObjectError, decode_tensors, encode_tensors
+from composer_replication.diloco.serverless import (
+    ObjectStoreAllReduce,
+    RoundTimeoutError,
+    StoreAccessError,
+)
+from composer_replication.diloco.serverless.store import (
+    CorruptObjectError,
+    decode_tensors,
+    encode_tensors,
+    write_atomic,
+)
 
 FAST = {"timeout_s": 5.0, "poll_interval_s": 0.01}
 
@@ -87,9 +95,10 @@ def test_missing_rank_makes_every_rank_raise_naming_it(tmp_path: Path) -> None:
     uri = str(tmp_path / "s")
 
     def rank_fn(r: int):
-        if r == 2:
-            return "never wrote"
         ar = ObjectStoreAllReduce(uri, r, 3, run_id="r1", timeout_s=0.5, poll_interval_s=0.01)
+        ar.allreduce(torch.ones(1))  # round 0: everyone
+        if r == 2:
+            return "never wrote round 1"
         t = torch.ones(4) * r
         try:
             ar.allreduce(t)
@@ -106,11 +115,31 @@ def test_missing_rank_makes_every_rank_raise_naming_it(tmp_path: Path) -> None:
         )
 
 
+def test_a_rank_that_never_starts_fails_the_rendezvous_on_every_rank(tmp_path: Path) -> None:
+    def rank_fn(r: int):
+        if r == 2:
+            return None
+        return ObjectStoreAllReduce(str(tmp_path), r, 3, run_id="r", timeout_s=0.5, poll_interval_s=0.01).allreduce(
+            torch.ones(1))
+
+    out = run_ranks(rank_fn, 3)
+    for r in (0, 1):
+        assert isinstance(out[r], RoundTimeoutError) and out[r].missing == [2], out
+        assert "rank(s) [2] did not join" in str(out[r]) and "dropped on every rank" in str(out[r])
+
+
+def launched(uri: str, world_size: int = 2, **kwargs) -> list[ObjectStoreAllReduce]:
+    """Ranks that have opened a launch together (round 0 done); the tests then drive round 1 by hand."""
+    ranks = [ObjectStoreAllReduce(uri, r, world_size, **{**FAST, **kwargs}) for r in range(world_size)]
+    out = run_ranks(lambda r: ranks[r].allreduce(torch.zeros(1)), world_size)
+    assert not any(isinstance(o, Exception) for o in out), out
+    return ranks
+
+
 def test_a_late_rank_gets_the_same_abort(tmp_path: Path) -> None:
     """Rank 1 arrives after rank 0 aborted the round: it must drop it too, then both go on in step."""
-    uri = str(tmp_path / "s")
-    r0 = ObjectStoreAllReduce(uri, 0, 2, run_id="late", timeout_s=0.3, poll_interval_s=0.01)
-    r1 = ObjectStoreAllReduce(uri, 1, 2, run_id="late", timeout_s=5, poll_interval_s=0.01)
+    r0, r1 = launched(str(tmp_path / "s"), run_id="late")
+    r0.timeout_s = 0.3
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):
         r0.allreduce(torch.zeros(2))
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\]"):  # its own object came too late
@@ -121,67 +150,87 @@ def test_a_late_rank_gets_the_same_abort(tmp_path: Path) -> None:
 
 def test_rendezvous_never_reads_files_of_an_earlier_run(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/shared"
-    first = run_ranks(
-        lambda r: ObjectStoreAllReduce(uri, r, 2, **FAST).allreduce(torch.full((2,), 10.0 + r)), 2
-    )
-    assert [o.tolist() for o in first] == [[10.5, 10.5]] * 2
+    first = launched(uri)
+    first[0].close()  # the run ended: the prefix is free again
 
-    # Second run at the same URI: rank 1 starts first and sees the old current_run.json, old ready.json
-    # and old round files; it must wait for rank 0's fresh run instead.
+    # Second run at the same URI: rank 1 starts first and sees the old launch.json, ready.json and round files;
+    # it must wait for rank 0's fresh launch instead.
     def rank_fn(r: int):
         ar = ObjectStoreAllReduce(uri, r, 2, **FAST)
         if r == 0:
             time.sleep(0.5)
-        return ar.allreduce(torch.full((2,), float(r))), ar.run_id
+        return ar.allreduce(torch.full((2,), float(r))), ar.launch_id
 
     out = run_ranks(rank_fn, 2)
     assert [o[0].tolist() for o in out] == [[0.5, 0.5]] * 2
-    assert out[0][1] == out[1][1]
-    assert len(list((tmp_path / "shared" / "runs").iterdir())) == 2
+    assert out[0][1] == out[1][1] != first[0].launch_id
+    assert len([p for p in (tmp_path / "shared" / "runs" / "auto").iterdir() if p.is_dir()]) == 2
 
 
-def test_stale_object_of_another_run_is_never_read_as_current(tmp_path: Path) -> None:
-    uri = str(tmp_path / "s")
-    fs, root = fsspec.core.url_to_fs(uri, auto_mkdir=True)
-    stale = encode_tensors([torch.full((2,), 99.0)], {"run": "OLD", "round": 0, "rank": 1, "name": "tensor"})
-    fs.pipe_file(f"{root}/runs/new/round_00000000/rank_1.bin", stale)  # same key, earlier run's bytes
-    ar = ObjectStoreAllReduce(uri, 0, 2, run_id="new", timeout_s=0.3, poll_interval_s=0.01)
+def _plant(ar: ObjectStoreAllReduce, round_id: int, rank: int, data: bytes) -> None:
+    write_atomic(ar._fs, ar._object(round_id, rank), data)
+
+
+def test_stale_object_of_another_launch_is_never_read_as_current(tmp_path: Path) -> None:
+    r0, r1 = launched(str(tmp_path / "s"), run_id="new")
+    _plant(r1, 1, 1, encode_tensors([torch.full((2,), 99.0)], {"launch": "OLD", "round": 1, "rank": 1, "name": "t"}))
+    r0.timeout_s = 0.3
     with pytest.raises(TimeoutError, match="stale") as info:
-        ar.allreduce(torch.zeros(2))
+        r0.allreduce(torch.zeros(2))
     assert info.value.missing == [1]
 
 
 def test_half_written_object_is_not_read_until_complete(tmp_path: Path) -> None:
-    uri = str(tmp_path / "s")
-    fs, root = fsspec.core.url_to_fs(uri, auto_mkdir=True)
-    key = f"{root}/runs/hw/round_00000000/rank_1.bin"
-    full = encode_tensors([torch.full((1000,), 4.0)], {"run": "hw", "round": 0, "rank": 1, "name": "tensor"})
-    fs.pipe_file(key, full[: len(full) // 2])  # a non-atomic store shows half an object
-
-    def complete_later() -> None:
-        time.sleep(0.3)
-        fs.pipe_file(key, full)
-
-    threading.Thread(target=complete_later).start()
+    r0, r1 = launched(str(tmp_path / "s"), run_id="hw")
+    full = encode_tensors([torch.full((1000,), 4.0)], {"launch": r1.launch_id, "round": 1, "rank": 1, "name": "t"})
+    _plant(r1, 1, 1, full[: len(full) // 2])  # a non-atomic store shows half an object
+    threading.Thread(target=lambda: (time.sleep(0.3), _plant(r1, 1, 1, full))).start()
     t = torch.zeros(1000)
-    ObjectStoreAllReduce(uri, 0, 2, run_id="hw", **FAST).allreduce(t)
+    r0.allreduce(t, name="t")
     assert t.unique().tolist() == [2.0]
 
 
 def test_half_written_object_that_never_completes_times_out_saying_so(tmp_path: Path) -> None:
-    uri = str(tmp_path / "s")
-    fs, root = fsspec.core.url_to_fs(uri, auto_mkdir=True)
-    full = encode_tensors([torch.ones(10)], {"run": "hw2", "round": 0, "rank": 1, "name": "tensor"})
-    fs.pipe_file(f"{root}/runs/hw2/round_00000000/rank_1.bin", full[:-3])
+    r0, r1 = launched(str(tmp_path / "s"), run_id="hw2")
+    full = encode_tensors([torch.ones(10)], {"launch": r1.launch_id, "round": 1, "rank": 1, "name": "tensor"})
+    _plant(r1, 1, 1, full[:-3])
+    r0.timeout_s = 0.3
     with pytest.raises(TimeoutError, match="half-written"):
-        ObjectStoreAllReduce(uri, 0, 2, run_id="hw2", timeout_s=0.3, poll_interval_s=0.01).allreduce(
-            torch.ones(10)
-        )
+        r0.allreduce(torch.ones(10))
+
+
+@pytest.mark.parametrize("header", [
+    [1, 2], {"tensors": "x"}, {"tensors": [{"dtype": "int64", "shape": [1], "nbytes": 8}]},
+    {"tensors": [{"dtype": "float32", "shape": [2], "nbytes": 4}]},
+    {"tensors": [{"dtype": "float32", "shape": [-1], "nbytes": -4}]},
+    {"tensors": [{"dtype": "float32", "shape": ["2"], "nbytes": 8}]},
+    {"tensors": [{"dtype": "float32", "shape": [2**40, 2**40], "nbytes": 8}]},
+    {"tensors": [{"dtype": "__class__", "shape": [1], "nbytes": 4}]},
+])
+def test_a_well_hashed_object_with_a_hostile_header_is_a_corrupt_missing_rank(tmp_path: Path, header) -> None:
+    """The body's hash is right, the header is not a valid schema: a corrupt object, never a raw TypeError."""
+    import hashlib
+    import json
+    import struct
+
+    r0, r1 = launched(str(tmp_path / "s"), run_id="hostile")
+    body = b"\0" * 8
+    if isinstance(header, dict):
+        header = {"launch": r1.launch_id, "round": 1, "rank": 1, "name": "tensor", "body_nbytes": len(body),
+                  "sha256": hashlib.sha256(body).hexdigest(), **header}
+    head = json.dumps(header).encode()
+    _plant(r1, 1, 1, b"CRAR2\n" + struct.pack("<Q", len(head)) + head + body)
+    with pytest.raises(CorruptObjectError):
+        decode_tensors(r1._fs.cat_file(r1._object(1, 1)), {})
+    r0.timeout_s = 0.3
+    with pytest.raises(RoundTimeoutError) as info:
+        r0.allreduce(torch.ones(2))
+    assert info.value.missing == [1] and "rank 1:" in str(info.value)
 
 
 def test_codec_rejects_truncation_corruption_and_other_rounds() -> None:
-    data = encode_tensors([torch.arange(4.0)], {"run": "a", "round": 3, "rank": 0, "name": "n"})
-    header, (t,) = decode_tensors(data, {"run": "a", "round": 3})
+    data = encode_tensors([torch.arange(4.0)], {"launch": "a", "round": 3, "rank": 0, "name": "n"})
+    header, (t,) = decode_tensors(data, {"launch": "a", "round": 3})
     assert header["name"] == "n" and t.tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(CorruptObjectError, match="half-written"):
         decode_tensors(data[:-1], {})
@@ -228,14 +277,12 @@ def test_integer_tensors_are_refused(tmp_path: Path) -> None:
 
 
 def test_elastic_membership_commits_without_a_missing_rank_and_stops_waiting_for_it(tmp_path: Path) -> None:
-    uri = str(tmp_path / "s")
+    ranks = launched(str(tmp_path / "s"), 3, run_id="el", timeout_s=1.0, min_world_size=2)
 
     def rank_fn(r: int):
         if r == 2:
-            return None  # never starts
-        ar = ObjectStoreAllReduce(
-            uri, r, 3, run_id="el", timeout_s=1.0, poll_interval_s=0.01, min_world_size=2
-        )
+            return None  # slow: misses rounds 1 and 2
+        ar = ranks[r]
         first = ar.allreduce(torch.full((2,), float(r))).clone()
         t0 = time.monotonic()
         second = ar.allreduce(torch.full((2,), 10.0 * r)).clone()
@@ -246,9 +293,8 @@ def test_elastic_membership_commits_without_a_missing_rank_and_stops_waiting_for
         assert first.tolist() == [0.5, 0.5] and second.tolist() == [5.0, 5.0]
         assert participants == [0, 1]
         assert seconds < 0.9  # the second round does not wait for rank 2 again
-    late = ObjectStoreAllReduce(uri, 2, 3, run_id="el", timeout_s=1.0, poll_interval_s=0.01, min_world_size=2)
     t = torch.full((2,), 99.0)
-    late.allreduce(t)  # round 0 was committed without it: it adopts the same mean
+    ranks[2].allreduce(t)  # round 1 was committed without it: it adopts the same mean
     assert t.tolist() == [0.5, 0.5]
 
 
@@ -256,7 +302,7 @@ def test_elastic_membership_below_the_minimum_aborts(tmp_path: Path) -> None:
     ar = ObjectStoreAllReduce(
         str(tmp_path), 0, 3, run_id="m", timeout_s=0.2, poll_interval_s=0.01, min_world_size=2
     )
-    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1, 2\]"):
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1, 2\] did not join"):
         ar.allreduce(torch.ones(1))
     with pytest.raises(ValueError, match="min_world_size"):
         ObjectStoreAllReduce(str(tmp_path), 0, 3, min_world_size=4)
@@ -265,12 +311,27 @@ def test_elastic_membership_below_the_minimum_aborts(tmp_path: Path) -> None:
 def test_refused_write_is_an_access_error_at_first_allreduce(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import composer_replication.diloco.serverless.allreduce as allreduce_module
+    import composer_replication.diloco.serverless.rendezvous as rendezvous_module
 
     def refuse(fs, path, data):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(allreduce_module, "write_atomic", refuse)
+    monkeypatch.setattr(rendezvous_module, "write_atomic", refuse)
     ar = ObjectStoreAllReduce(str(tmp_path / "ro"), 0, 2, run_id="r", timeout_s=1)
     with pytest.raises(StoreAccessError, match="make the folder writable"):
         ar.allreduce(torch.ones(1))
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_nonfinite_object_counts_as_missing_on_every_rank(tmp_path: Path, elastic: bool) -> None:
+    """Rank 1 sends a NaN and an inf: elastic, every rank (rank 1 too) gets the mean of ranks 0 and 2; strict,
+    every rank raises the same error naming rank 1."""
+    ranks = launched(str(tmp_path / "s"), 3, run_id="nf", min_world_size=2 if elastic else None)
+    values = {0: [0.0, 1.0], 1: [float("nan"), float("inf")], 2: [2.0, 3.0]}
+    out = run_ranks(lambda r: ranks[r].allreduce(torch.tensor(values[r])).tolist(), 3)
+    if elastic:
+        assert out == [[1.0, 2.0]] * 3 and all(ar.last_nonfinite == [1] for ar in ranks)
+        assert ranks[0].last_participants == [0, 2]
+    else:
+        assert all(isinstance(e, RoundTimeoutError) and e.nonfinite == [1] for e in out), out
+        assert len({str(e) for e in out}) == 1 and "rank 1: non-finite values (NaN or inf)" in str(out[0])

@@ -178,3 +178,35 @@ def test_streaming_diloco_two_fragments_with_delay_stays_in_step() -> None:
         synced = k % 2  # current_step() % 2 picks the fragment: 0, 1, 0, 1
         assert all(torch.equal(a, b) for a, b in zip(s0[synced], s1[synced])), k
         assert any(not torch.equal(a, b) for a, b in zip(s0[1 - synced], s1[1 - synced])), k
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_one_nan_replica_never_poisons_the_others_through_the_store(elastic: bool) -> None:
+    """Replica 1's local step leaves a NaN: its pseudo-gradient counts as missing. Elastic: round 1 commits
+    with replica 0's alone on both; strict: it is dropped on both. Either way both stay finite and equal."""
+    from composer_replication.diloco import make_diloco_outer_loop
+
+    uri = f"memory://nan-{uuid.uuid4().hex}"
+
+    def replica(r: int):
+        model = mlp()
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        ar = ObjectStoreAllReduce(uri, r, 2, run_id="nan", timeout_s=5, poll_interval_s=0.01,
+                                  min_world_size=1 if elastic else None)
+        mgr = MockManager(ar)
+        outer = make_diloco_outer_loop(mgr, [model], inner, sync_every=2)
+        with outer:
+            for step in range(4):
+                inner.zero_grad()
+                model(torch.full((2, 4), float(r + 1))).sum().backward()
+                inner.step()
+                if r == 1 and step == 0:
+                    with torch.no_grad():
+                        model[0].weight[0, 0] = float("nan")
+        return [p.detach().clone() for p in model.parameters()], mgr.current_step(), outer.finite_guard.own_rounds
+
+    (p0, step0, bad0), (p1, step1, bad1) = run_ranks(replica, 2)
+    assert all(bool(torch.isfinite(p).all()) for p in p0 + p1)
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert (step0, step1) == ((2, 2) if elastic else (1, 1))
+    assert (bad0, bad1) == (0, 1)

@@ -1,0 +1,105 @@
+"""Agentic learning: does training on episodes make the student better at fixing the held-out tasks?
+
+    python -m benchmarks.agentic                                     # preset agentic, its steps, 3 seeds
+    python -m benchmarks.agentic --seeds 1 student.num_steps=4       # a quick look
+    python -m benchmarks.agentic --out runs/bench-agentic --reuse    # read seeds already run there
+
+Each seed is one full ``python -m recipes.monarch.run --config agentic`` (own controller and meshes), one after
+the other, with an evaluation every ``run.eval_every`` steps: one greedy episode per held-out task (tasks that enter
+no training channel), in the sandbox, scored by the tests. It reports, per seed, the held-out ``eval/solve_rate``
+and ``eval/mean_reward`` at the start and the end, and what else the episodes show (``well_formed_call_rate``: turns
+with a valid tool call; ``tool_calls`` per episode; ``tool_error_rate``; ``mean_turns``), the training episodes'
+turns, and the throughput (episode turns per second of step time). The rule (issue #21): the held-out solve rate or
+mean reward rises in every seed and its mean gain exceeds twice its standard deviation; when neither does, the
+table says so and shows what moved. It draws the curves into ``docs/img/agentic.png`` and writes its section of
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.learning import REPO, draw, run_seed
+from benchmarks.report import write_section
+
+PICTURE = REPO / "docs" / "img" / "agentic.png"
+RULED = ("eval/solve_rate", "eval/mean_reward")
+SHOWN = (*RULED, "eval/well_formed_call_rate", "eval/tool_calls", "eval/tool_error_rate", "eval/mean_turns")
+
+
+def verdict(gains: list[float]) -> tuple[float, float, bool]:
+    """``(mean, std, rises)``: rises in every seed and the mean gain exceeds twice its std (one seed: rises)."""
+    mean = statistics.mean(gains)
+    spread = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+    return mean, spread, all(g > 0 for g in gains) and (len(gains) == 1 or mean > 2 * spread)
+
+
+def throughput(folder: Path) -> tuple[float, float]:
+    """``(episode turns per second of step time, mean step seconds)`` over the run's training steps."""
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "perf/step_time_s" in r]
+    turns = sum(r["rollout/turns"] * r["rollout/num_episodes"] for r in steps)
+    seconds = sum(r["perf/step_time_s"] for r in steps)
+    return turns / seconds if seconds else 0.0, seconds / max(len(steps), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="agentic", help="recipe preset (recipes/monarch/configs)")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md nor the picture")
+    p.add_argument("--reuse", action="store_true", help="with --out: take seeds whose folder holds a finished run")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
+    args = p.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        for seed in range(args.seeds):
+            res = run_seed(args.preset, seed, root / f"seed{seed}", args.overrides, reuse=args.reuse,
+                           metric="eval/solve_rate")
+            res["turns_per_s"], res["step_s"] = throughput(root / f"seed{seed}")
+            results.append(res)
+            start, end = res["eval_start"], res["eval_end"]
+            print(f"seed {seed}: " + "; ".join(f"{k.split('/')[1]} {start[k]:.3f} -> {end[k]:.3f}" for k in SHOWN)
+                  + f"; {res['steps']} steps, {res['step_s']:.0f} s/step, {res['bench_wall_s']:.0f} s", flush=True)
+    verdicts = {k: verdict([r["eval_end"][k] - r["eval_start"][k] for r in results]) for k in SHOWN}
+    learned = any(verdicts[k][2] for k in RULED)
+    for k in SHOWN:
+        mean, spread, rises = verdicts[k]
+        print(f"held-out {k} gain: {mean:+.3f} +- {spread:.3f} (std){' (rises in every seed, > 2 std)' * rises}")
+    print(f"learning {'SHOWN' if learned else 'NOT SHOWN'} on {' or '.join(RULED)} (rule: rises in every seed, "
+          "mean gain > 2 std)")
+    if not args.no_record:
+        draw(results, PICTURE, metric="eval/well_formed_call_rate", title="held-out turns with a valid tool call")
+        cmd = " ".join(["python -m benchmarks.agentic", *(sys.argv[1:] if argv is None else argv)])
+        print(f"wrote {write_section('agentic', _markdown(cmd, args.preset, results, verdicts, learned))}")
+    return 0
+
+
+def _markdown(cmd: str, preset: str, results: list[dict], verdicts: dict, learned: bool) -> str:
+    """The agentic section of docs/benchmarks.md: a row per seed, the gains, the verdict, the picture."""
+    lines = ["# Agentic: held-out tasks solved by the student's own episodes", "",
+             f"Command: `{cmd}` (preset `{preset}`). One greedy episode per held-out task (never trained on), in the "
+             "sandbox, scored by the task's tests; start -> end of each run.", "",
+             "| seed | steps | " + " | ".join(k.removeprefix("eval/") for k in SHOWN) + " | s/step | turns/s |",
+             "|" + "---|" * (len(SHOWN) + 4)]
+    for seed, r in enumerate(results):
+        cells = [f"{r['eval_start'][k]:.3f} -> {r['eval_end'][k]:.3f}" for k in SHOWN]
+        lines.append(f"| {seed} | {r['steps']} | " + " | ".join(cells) + f" | {r['step_s']:.0f} | "
+                     f"{r['turns_per_s']:.2f} |")
+    lines += ["", "Mean gain over seeds (+- std): " + "; ".join(
+        f"`{k.removeprefix('eval/')}` {m:+.3f} +- {s:.3f}{' (rises in every seed)' * ok}"
+        for k, (m, s, ok) in verdicts.items()) + ".", "",
+        f"Learning on the solve rate or the mean reward: **{'shown' if learned else 'not shown'}** (rule: rises in "
+        "every seed, mean gain above twice its std).", "", "![agentic learning curve](img/agentic.png)"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
