@@ -158,7 +158,8 @@ def test_ctrl_c_stops_every_mesh_and_keeps_the_run_resumable(tmp_path):
         deadline = time.monotonic() + 240
         metrics = run_dir / "metrics.jsonl"
         while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            # interrupt once a step's checkpoint exists (a Ctrl-C before the first one resumes from step 0)
+            if (run_dir / "checkpoints" / "latest").exists() and len(metrics.read_text().splitlines()) >= 2:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the run ended before it could be interrupted"
