@@ -92,8 +92,14 @@ def test_worker_refuses_a_ca_monarch_cannot_honour():
 
 
 def test_worker_binds_loopback_by_default_and_says_what_remote_means():
-    from recipes.monarch.worker import (DEFAULT_ADDRESS, check_security, is_loopback, listen_address, parse_args,
-                                        split_address)
+    from recipes.monarch.worker import (
+        DEFAULT_ADDRESS,
+        check_security,
+        is_loopback,
+        listen_address,
+        parse_args,
+        split_address,
+    )
 
     assert listen_address(parse_args([])) == DEFAULT_ADDRESS and is_loopback(split_address(DEFAULT_ADDRESS)[0])
     assert is_loopback("localhost") and not is_loopback("0.0.0.0") and not is_loopback("::")
