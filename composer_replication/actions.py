@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ActionBlock", "format_tool_use", "format_thinking", "render_action", "parse_action", "canonical_action",
+__all__ = ["ActionBlock", "format_tool_use", "render_action", "parse_action", "canonical_action",
            "tool_calls_to_action"]
 
 TOOL_USE_PREFIX = "[TOOL_USE] name="

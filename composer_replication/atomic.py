@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["atomic_writer", "atomic_write_text", "fsync_dir", "current_umask"]
+__all__ = ["atomic_writer", "atomic_write_text", "fsync_dir"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

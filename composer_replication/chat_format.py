@@ -18,8 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from composer_replication.actions import format_tool_use, tool_calls_to_action
 
-__all__ = ["ROLES", "TokenizerLike", "content_text", "messages_action", "to_chat_messages", "end_of_turn_id",
-           "encode_text", "render_chat_text", "build_prompt_ids", "build_response_ids", "build_hinted_teacher_sequence"]
+__all__ = ["TokenizerLike", "content_text", "messages_action", "to_chat_messages", "end_of_turn_id",
+           "encode_text", "render_chat_text", "build_prompt_ids", "build_response_ids",
+           "build_hinted_teacher_sequence"]
 
 ROLES = ("system", "user", "assistant", "tool")
 """The roles a turn or message may have."""

@@ -21,9 +21,9 @@ from typing import Any
 
 from composer_replication.types import ERROR_KINDS, HintContext
 
-__all__ = ["HintContext", "HintFn", "HINT_TEMPLATES", "ERROR_KINDS", "dispatch", "register", "make_hint_generator",
-           "hint_tool_not_found", "hint_json_decode", "hint_type_error", "hint_runtime_error",
-           "hint_repeated_failure", "hint_other"]  # fmt: skip
+__all__ = ["HintContext", "HintFn", "HINT_TEMPLATES", "ERROR_KINDS", "dispatch", "register",
+           "make_hint_generator", "hint_tool_not_found", "hint_json_decode", "hint_type_error",
+           "hint_runtime_error", "hint_repeated_failure"]  # fmt: skip
 
 HintFn = Callable[[HintContext], str]  # a template: context in, hint text out
 

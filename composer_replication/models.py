@@ -25,15 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "EMBEDDED_MODELS",
-    "CACHE_ENV",
-    "default_cache_dir",
-    "smollm2_gguf_path",
-    "load_tokenizer",
-    "load_model_and_tokenizer",
-    "tiny_llama_config",
-]
+__all__ = ["load_tokenizer", "load_model_and_tokenizer"]
 
 log = logging.getLogger(__name__)
 

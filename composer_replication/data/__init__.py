@@ -16,7 +16,7 @@ from __future__ import annotations
 from importlib.resources import as_file, files
 from pathlib import Path
 
-__all__ = ["BUNDLED_PREFIX", "bundled_path", "resolve_bundled"]
+__all__ = ["bundled_path", "resolve_bundled"]
 
 BUNDLED_PREFIX = "bundled:"
 

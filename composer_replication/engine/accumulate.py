@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["split_batch", "channel_sizes"]
+__all__ = []
 
 _ROW_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "rewards", "group_ids", "advantages",
              "ref_logprobs")

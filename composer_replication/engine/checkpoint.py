@@ -31,8 +31,8 @@ import torch
 
 from composer_replication.atomic import atomic_write_text, fsync_dir
 
-__all__ = ["CHECKPOINTS_DIR", "save_checkpoint", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-           "load_latest_checkpoint", "checkpoint_step", "checkpoint_damage", "DiskFullError", "reraise_disk_full"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_latest_checkpoint", "checkpoint_step",
+           "DiskFullError"]
 
 log = logging.getLogger(__name__)
 

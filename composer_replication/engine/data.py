@@ -14,8 +14,8 @@ from typing import Any
 
 from composer_replication.types import PreferencePair, trace_state
 
-__all__ = ["TrainingData", "MixedEnvironment", "build_training_data", "heldout_split", "select_states",
-           "draw_step", "prompts_for_step", "pair_indices_for_step", "step_rng", "derive_seed"]
+__all__ = ["TrainingData", "build_training_data", "heldout_split", "select_states", "draw_step", "step_rng",
+           "derive_seed"]
 
 
 @dataclass(kw_only=True)

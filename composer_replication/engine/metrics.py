@@ -26,7 +26,7 @@ import torch
 from composer_replication.actions import parse_action
 from composer_replication.losses.components import DISTILL_COMPONENTS, REPLAY_COMPONENTS
 
-__all__ = ["reward_stats", "next_action_stats", "loss_metrics", "combine_loss_metrics", "count_tokens", "PhaseTimer"]
+__all__ = []
 
 _CHANNEL_OF = {"grpo": 0, "lm_ce": 0, **{c.name: 1 for c in DISTILL_COMPONENTS.values()},
                **{c.name: 2 for c in REPLAY_COMPONENTS.values()}}

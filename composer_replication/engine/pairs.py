@@ -30,7 +30,7 @@ from composer_replication.losses import sequence_logprobs_for
 from composer_replication.losses.logprobs import chunked_token_logprobs, decoder_of, output_head
 from composer_replication.types import PreferencePair
 
-__all__ = ["PairRows", "ReferenceLogprobCache", "DEFAULT_PROMPT_CACHE_BYTES"]
+__all__ = ["PairRows", "ReferenceLogprobCache"]
 
 DEFAULT_PROMPT_CACHE_BYTES = 512 * 2**20
 """The prompts' KV caches the reference keeps (least recently used dropped first): 512 MiB."""

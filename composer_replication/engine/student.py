@@ -33,7 +33,7 @@ from composer_replication.engine.data import TrainingData, derive_seed, draw_ste
 from composer_replication.engine.pairs import PairRows, ReferenceLogprobCache
 from composer_replication.rollout.generate import generate_in_length_order
 
-__all__ = ["StudentTrainerCore", "greedy_texts", "cpu_weights", "load_weights"]
+__all__ = ["StudentTrainerCore"]
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,6 @@ the modules (``claude_code``, ``codex``, ``openai_messages``, ``registry``, ``er
 """
 
 from composer_replication.ingestion.claude_code import SYSTEM_PROMPT, ClaudeCodeIngester, IngestionStats
-from composer_replication.ingestion.registry import FORMATS, ingest_any
+from composer_replication.ingestion.registry import ingest_any
 
-__all__ = ["ingest_any", "FORMATS", "ClaudeCodeIngester", "IngestionStats", "SYSTEM_PROMPT"]
+__all__ = ["ingest_any", "ClaudeCodeIngester", "IngestionStats", "SYSTEM_PROMPT"]

@@ -28,7 +28,7 @@ from composer_replication.ingestion.history import (
 )
 from composer_replication.ingestion.reading import iter_jsonl
 
-__all__ = ["SYSTEM_PROMPT", "IngestionStats", "ClaudeCodeIngester", "is_subagent_file"]
+__all__ = ["SYSTEM_PROMPT", "IngestionStats", "ClaudeCodeIngester"]
 
 _NOISE_TYPES = frozenset({
     "system", "progress", "attachment", "file-history-snapshot", "queue-operation", "pr-link", "agent-name",

@@ -27,7 +27,7 @@ from composer_replication.losses.config import LossConfig
 from composer_replication.losses.logprobs import DEFAULT_CHUNK_SIZE, output_head
 from composer_replication.losses.sequences import SequenceBatch, batch_tensor, optional_tensor
 
-__all__ = ["LossComponents", "compose_loss", "self_distillation_loss", "resolve_loss_config"]
+__all__ = ["LossComponents", "compose_loss", "self_distillation_loss"]
 
 _OPTIONS = frozenset(f.name for f in dataclasses.fields(LossConfig))
 

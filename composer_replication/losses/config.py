@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["GRPOLossConfig", "LossConfig", "LOSS_TYPES", "IS_LEVELS", "SCALE_REWARDS"]
+__all__ = ["GRPOLossConfig", "LossConfig"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IS_LEVELS = ("token", "sequence")

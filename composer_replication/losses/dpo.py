@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from composer_replication.losses.jsd import _check_temperature, _number, _require, _upcast
 
-__all__ = ["per_token_logprobs", "sequence_logprobs", "dpo_loss"]
+__all__ = ["dpo_loss"]
 
 
 def per_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:

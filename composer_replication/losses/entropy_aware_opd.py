@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from composer_replication.losses import jsd
 
-__all__ = ["teacher_entropy", "entropy_aware_opd_loss", "entropy_aware_opd_per_token"]
+__all__ = ["teacher_entropy", "entropy_aware_opd_loss"]
 
 
 def teacher_entropy(teacher_logits: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["generalized_jsd_loss", "generalized_jsd_per_token"]
+__all__ = ["generalized_jsd_loss"]
 
 REDUCTIONS = ("batchmean", "sum", "mean", "none")
 _PROB_FLOOR = 1e-8  # OPSD: log(p.clamp_min(1e-8)) when the inputs are probabilities

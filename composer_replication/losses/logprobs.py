@@ -18,8 +18,7 @@ import torch.nn.functional as F
 
 from composer_replication.losses.prefix import can_pack, pack_rows, packed_hidden_states
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "hidden_states", "decoder_of", "output_head", "predicted_positions",
-           "chunked_token_logprobs", "chunked_row_logprobs", "chunked_cross_entropy", "chunked_distillation_loss"]
+__all__ = ["decoder_of", "hidden_states", "output_head", "chunked_token_logprobs"]
 
 PerTokenFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

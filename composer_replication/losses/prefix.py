@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PackedRows", "pack_rows", "packed_hidden_states", "can_pack"]
+__all__ = []
 
 MIN_SAVING = 0.2
 """Pack only when that removes at least this fraction of the batch's ``B * T`` decoder tokens."""

@@ -16,7 +16,7 @@ from composer_replication.losses.logprobs import (
     predicted_positions,
 )
 
-__all__ = ["SequenceBatch", "batch_tensor", "optional_tensor", "distill_index", "token_logprobs_for", "sequence_logprobs_for"]
+__all__ = ["token_logprobs_for", "sequence_logprobs_for"]
 
 
 class SequenceBatch:

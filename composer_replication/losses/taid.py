@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from composer_replication.losses.jsd import _check_logit_pair, _number, _require, _upcast
 
-__all__ = ["taid_loss", "taid_per_token", "TAIDScheduler"]
+__all__ = ["taid_loss", "TAIDScheduler"]
 
 
 def _scalar(name: str, x: float | torch.Tensor) -> torch.Tensor | float:

@@ -29,7 +29,7 @@ from composer_replication.actions import TOOL_USE_PREFIX, canonical_action, pars
 from composer_replication.types import PreferencePair, TeacherCallResult
 
 __all__ = ["NormalizedDPOPair", "DJNormalizer", "DroppedPair", "NormalizeReport", "RecipeError", "RULES",
-           "Degeneracy", "degeneracy", "replay_and_normalize_trace", "replay_and_normalize_trace_sync"]
+           "degeneracy", "replay_and_normalize_trace", "replay_and_normalize_trace_sync"]
 
 log = logging.getLogger(__name__)
 NormalizedDPOPair = PreferencePair  # the spec's name of a pair after normalisation (its metadata annotated)

@@ -19,10 +19,7 @@ import torch
 from composer_replication.batching import pad_id, pad_rows
 from composer_replication.chat_format import build_prompt_ids, content_text, end_of_turn_id
 
-__all__ = [
-    "Generated", "generate_responses", "generate_in_length_order", "left_padded_prompts", "length_order",
-    "shared_prefix_cache", "static_cache", "cut_at_end_of_turn",
-]
+__all__ = ["generate_responses", "generate_in_length_order", "shared_prefix_cache"]
 
 Messages = Sequence[dict[str, Any]]
 

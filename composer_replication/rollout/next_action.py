@@ -26,7 +26,7 @@ from composer_replication.replaysim.normalize import degeneracy
 from composer_replication.rollout.environment import Prompt, Score
 from composer_replication.types import recorded_action
 
-__all__ = ["RewardWeights", "NextActionEnvironment", "tool_call_agreement", "text_f1"]
+__all__ = ["RewardWeights", "NextActionEnvironment"]
 
 _NAME = re.compile(r"^[A-Za-z_][\w.\-]*$")
 _JSON_TYPES = {"boolean": bool, "string": str, "object": dict, "array": list, "null": type(None)}

@@ -23,8 +23,7 @@ from composer_replication.data import bundled_path
 from composer_replication.rollout.environment import Prompt, Score
 from composer_replication.rollout.sandbox import run_python_sandboxed
 
-__all__ = ["PythonTask", "PythonTaskEnvironment", "DEFAULT_TASKS_PATH", "DEFAULT_SYSTEM_PROMPT", "load_bundled_tasks",
-           "extract_code"]
+__all__ = ["PythonTask", "PythonTaskEnvironment", "load_bundled_tasks"]
 
 DEFAULT_TASKS_PATH = bundled_path("tasks/python_tasks.jsonl")
 DEFAULT_SYSTEM_PROMPT = (

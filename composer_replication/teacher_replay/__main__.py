@@ -30,7 +30,7 @@ from composer_replication.teacher_replay.pairs import extract_dpo_pairs, save_pa
 from composer_replication.teacher_replay.replay import ReplayProgress, replay_trace_sync
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
 
-__all__ = ["main", "build_parser", "check_distinct_files", "load_states", "resolve_teachers"]
+__all__ = ["main", "load_states"]
 
 
 def build_parser() -> argparse.ArgumentParser:

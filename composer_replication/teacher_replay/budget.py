@@ -18,8 +18,7 @@ from typing import Any
 
 from composer_replication.types import TeacherSpec
 
-__all__ = ["Budget", "BadUsageError", "CostModel", "Reservation", "Usage", "estimate_prompt_tokens",
-           "parse_usage", "worst_case_cost"]
+__all__ = ["Budget"]
 
 log = logging.getLogger(__name__)
 _EPS = 1e-12

@@ -22,7 +22,7 @@ from composer_replication.teacher_replay.budget import BadUsageError, Usage, par
 from composer_replication.teacher_replay.keys import SecretKey, scrub, scrub_clip
 from composer_replication.teacher_replay.teachers import reply_to_action
 
-__all__ = ["AttemptOutcome", "ChatCompletionsClient", "RetryPolicy", "parse_retry_after"]
+__all__ = ["ChatCompletionsClient", "RetryPolicy"]
 
 STATUS_MEANINGS = {
     400: "bad request", 401: "bad or missing API key", 402: "insufficient credits",

@@ -10,8 +10,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["SecretKey", "MissingAPIKeyError", "InvalidAPIKeyError", "parse_dotenv", "resolve_api_key", "scrub",
-           "scrub_clip"]
+__all__ = ["MissingAPIKeyError", "InvalidAPIKeyError"]
 
 API_KEY_ENV, MIN_LEAK_CHARS, _REDACTED = "OPENROUTER_API_KEY", 8, "[REDACTED]"
 

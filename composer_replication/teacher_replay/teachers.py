@@ -20,9 +20,7 @@ from composer_replication.actions import tool_calls_to_action
 from composer_replication.chat_format import content_text
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState, recorded_action
 
-__all__ = ["DEFAULT_TEACHERS", "OPENROUTER_BASE_URL", "BUDGET_SKIP", "RECORDED_TEACHER", "REPLAY_INSTRUCTION",
-           "LocalTeacher", "build_teacher_messages", "error_kind", "recorded_result", "reply_to_action",
-           "teacher_needs_key"]
+__all__ = ["DEFAULT_TEACHERS", "RECORDED_TEACHER", "LocalTeacher", "error_kind"]
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from composer_replication.trainer.convert import trace_state_to_example, trace_states_to_examples
+from composer_replication.trainer.convert import trace_states_to_examples
 from composer_replication.trainer.data_collator import (
     CollatorConfig,
     CollatorStats,
@@ -19,8 +19,8 @@ from composer_replication.trainer.data_collator import (
     TraceTurn,
 )
 
-__all__ = ["CollatorConfig", "CollatorStats", "ComposerDataCollator", "TokenizerLike", "TraceExample", "TraceTurn",
-           "trace_state_to_example", "trace_states_to_examples", "ComposerReplicationTrainer"]
+__all__ = ["CollatorConfig", "CollatorStats", "ComposerDataCollator", "TokenizerLike", "TraceExample",
+           "TraceTurn", "trace_states_to_examples", "ComposerReplicationTrainer"]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,7 @@ from composer_replication.chat_format import to_chat_messages
 from composer_replication.trainer.collator_config import TraceExample, TraceTurn
 from composer_replication.types import DPOPair, TraceState, recorded_action
 
-__all__ = ["trace_state_to_example", "trace_states_to_examples"]
+__all__ = ["trace_states_to_examples"]
 
 
 def _error_turn_fields(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from composer_replication.hint_generator import make_hint_generator
 from composer_replication.trainer import (
     CollatorConfig,
     ComposerDataCollator,
-    trace_state_to_example,
     trace_states_to_examples,
 )
+from composer_replication.trainer.convert import trace_state_to_example
 
 ACTION = 'I will edit it.\n[TOOL_USE] name=Edit input={"file_path": "a.py", "count": "2"}'
 

@@ -22,10 +22,10 @@ from composer_replication.rollout.agent import (
     ToolConfig,
     load_tasks,
     parse_task,
-    parse_test_summary,
     run_task,
 )
 from composer_replication.rollout.agent.__main__ import main
+from composer_replication.rollout.agent.episode import parse_test_summary
 from composer_replication.rollout.sandbox import os_sandbox_status
 from composer_replication.types import ERROR_KINDS
 

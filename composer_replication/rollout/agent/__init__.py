@@ -8,28 +8,13 @@
 """
 
 from composer_replication.rollout.agent.episode import (
-    FAILURE_KINDS,
     Episode,
     EpisodeConfig,
-    StepResult,
     ToolResult,
-    parse_test_summary,
     run_task,
 )
 from composer_replication.rollout.agent.tasks import Task, load_tasks, parse_task
 from composer_replication.rollout.agent.tools import TOOL_SCHEMAS, ToolConfig
 
-__all__ = [
-    "FAILURE_KINDS",
-    "TOOL_SCHEMAS",
-    "Episode",
-    "EpisodeConfig",
-    "StepResult",
-    "Task",
-    "ToolConfig",
-    "ToolResult",
-    "load_tasks",
-    "parse_task",
-    "run_task",
-    "parse_test_summary",
-]
+__all__ = ["TOOL_SCHEMAS", "Episode", "EpisodeConfig", "Task", "ToolConfig", "ToolResult", "load_tasks",
+           "parse_task", "run_task"]

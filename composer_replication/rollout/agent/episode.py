@@ -32,8 +32,7 @@ from composer_replication.rollout.agent.tasks import Task
 from composer_replication.rollout.agent.tools import TOOL_SCHEMAS, ToolConfig, ToolError, Workspace, clip
 from composer_replication.types import HintContext
 
-__all__ = ["FAILURE_KINDS", "Episode", "EpisodeConfig", "StepResult", "ToolResult", "run_task", "parse_test_summary",
-           "opening_messages", "tool_guide", "MALFORMED"]
+__all__ = ["Episode", "EpisodeConfig", "ToolResult", "run_task"]
 
 FAILURE_KINDS = {"unknown_tool": "tool_not_found", "bad_json": "json_decode", "bad_arguments": "type_error",
                  "too_many_calls": "other"}  # fmt: skip

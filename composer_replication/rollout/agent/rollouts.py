@@ -33,7 +33,7 @@ from composer_replication.rollout.agent.tools import TOOL_SCHEMAS
 from composer_replication.rollout.environment import Prompt, Score
 from composer_replication.rollout.generate import generate_responses
 
-__all__ = ["AgenticEnvironment", "EpisodeRollout", "sample_episodes", "turn_suffix"]
+__all__ = ["AgenticEnvironment", "EpisodeRollout", "sample_episodes"]
 
 RESULT_LINES = 6
 """Lines of each tool result kept in an episode's record (``episodes.jsonl``)."""

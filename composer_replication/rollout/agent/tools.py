@@ -22,7 +22,7 @@ from typing import Any
 
 from composer_replication.rollout.sandbox import CommandResult, os_sandbox_status, run_command_sandboxed
 
-__all__ = ["TOOL_SCHEMAS", "ToolError", "ToolConfig", "Workspace", "validate_input"]
+__all__ = ["TOOL_SCHEMAS", "ToolConfig", "Workspace"]
 
 _S, _I, _B, _N = "string", "integer", "boolean", "number"
 
