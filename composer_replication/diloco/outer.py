@@ -107,8 +107,8 @@ class FiniteGuard:
             self.manager.report_error(RuntimeError("the averaged pseudo-gradient overflowed; the round is dropped"))
 
 
-def _validate(model_fragments: Any, inner_optimizer: Any, *, outer_lr: float, outer_momentum: float,
-              nesterov: bool, sync_every: Any, fragment_sync_delay: Any, fragment_update_alpha: float) -> None:
+def _validate(model_fragments: Any, inner_optimizer: Any, outer_lr: float, outer_momentum: float, nesterov: bool,
+              sync_every: Any, fragment_sync_delay: Any, fragment_update_alpha: float) -> None:
     """Raise ``ValueError``/``TypeError`` naming the first bad argument (see ``make_diloco_outer_loop``)."""
     if not isinstance(model_fragments, (list, tuple)) or len(model_fragments) == 0:
         raise ValueError(f"model_fragments must be a non-empty list of nn.Module, got {model_fragments!r}; pass "
@@ -171,9 +171,8 @@ def make_diloco_outer_loop(manager: Any, model_fragments: list[torch.nn.Module],
     """
     if not _TORCHFT_AVAILABLE:
         raise RuntimeError(f"make_diloco_outer_loop needs torchft, which is not importable: {_INSTALL_HINT}")
-    _validate(model_fragments, inner_optimizer, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov,
-              sync_every=sync_every, fragment_sync_delay=fragment_sync_delay,
-              fragment_update_alpha=fragment_update_alpha)
+    _validate(model_fragments, inner_optimizer, outer_lr, outer_momentum, nesterov, sync_every, fragment_sync_delay,
+              fragment_update_alpha)
     if getattr(manager, "_use_async_quorum", False):
         raise ValueError("DiLoCo needs a synchronous quorum: build the torchft Manager with use_async_quorum=False")
     outer_optimizers = [torch.optim.SGD(f.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)

@@ -2,7 +2,7 @@
 
 A backend implements :class:`ServerlessExecutor`. :class:`LocalProcessExecutor` runs each replica in a fresh
 ``spawn`` process here (tests, local runs on a ``file://`` store); ``ModalExecutor`` and ``HFJobsExecutor``
-(``modal.py``, ``hf_jobs.py``) run them on Modal and Hugging Face Jobs. Each replica runs :func:`replica_entrypoint`;
+(``cloud.py``) run them on Modal and Hugging Face Jobs. Each replica runs :func:`replica_entrypoint`;
 they meet only in the object store it names.
 """
 
@@ -120,7 +120,7 @@ def replica_entrypoint(rendezvous_uri: str, world_size: int, trainer_module: str
         allreduce.close()
 
 
-def run_replica(rank: int, entrypoint: str, entrypoint_args: Mapping[str, Any]) -> Any:
+def run_replica(rank: int, entrypoint: str | Callable[..., Any], entrypoint_args: Mapping[str, Any]) -> Any:
     """The body of a remote replica (the Modal function): set ``$<rank_env>`` (default ``REPLICA_RANK``), run."""
     os.environ[str(entrypoint_args.get("rank_env", "REPLICA_RANK"))] = str(int(rank))
     return resolve_entrypoint(entrypoint)(**dict(entrypoint_args))
@@ -154,17 +154,14 @@ def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int
     return out
 
 
-def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank_env: str, rank: int, log_path: str,
-           conn: Any) -> None:
-    """A replica process: set the rank variable, send stdout/stderr to the log, run, report, exit."""
-    os.environ[rank_env] = str(rank)
+def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank: int, log_path: str, conn: Any) -> None:
+    """A replica process: send stdout/stderr to the log, run (:func:`run_replica`), report, exit."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    sys.stdout, sys.stderr = (os.fdopen(std, "w", buffering=1, closefd=False) for std in (1, 2))
     try:  # plain pickle: multiprocessing's would share tensors through descriptors that die with this process
-        message, code = pickle.dumps(("ok", resolve_entrypoint(entrypoint)(**args))), 0
+        message, code = pickle.dumps(("ok", run_replica(rank, entrypoint, args))), 0
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher with its traceback
         traceback.print_exc()
         message, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
@@ -211,8 +208,8 @@ class LocalProcessExecutor:
         for rank in range(n_replicas):
             log_path = self._log_dir / f"replica_{rank}_{time.time_ns()}.log"
             recv, send = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_child, name=f"replica-{rank}", args=(
-                entrypoint, args, str(args.get("rank_env", "REPLICA_RANK")), rank, str(log_path), send))
+            proc = self._ctx.Process(target=_child, name=f"replica-{rank}",
+                                     args=(entrypoint, args, rank, str(log_path), send))
             proc.start()
             send.close()
             self._procs[proc.pid] = proc
