@@ -28,8 +28,6 @@ __all__ = ["DiLoCo", "Manager", "_DummyWork", "_TORCHFT_AVAILABLE", "make_diloco
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = "pip install torchft==0.2.0 (it is a dependency of composer-replication: pip install -e .)"
-
 
 def _finite(tensors: Any) -> bool:
     """No NaN or inf in ``tensors`` (a sum first, 2-5x cheaper; an overflowing sum is checked element-wise)."""
@@ -170,7 +168,8 @@ def make_diloco_outer_loop(manager: Any, model_fragments: list[torch.nn.Module],
         ValueError / TypeError: a bad argument (the message names it and the fix), or an asynchronous quorum.
     """
     if not _TORCHFT_AVAILABLE:
-        raise RuntimeError(f"make_diloco_outer_loop needs torchft, which is not importable: {_INSTALL_HINT}")
+        raise RuntimeError("make_diloco_outer_loop needs torchft, which is not importable: pip install torchft==0.2.0 "
+                           "(it is a dependency of composer-replication: pip install -e .)")
     _validate(model_fragments, inner_optimizer, outer_lr, outer_momentum, nesterov, sync_every, fragment_sync_delay,
               fragment_update_alpha)
     if getattr(manager, "_use_async_quorum", False):

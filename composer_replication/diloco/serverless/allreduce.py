@@ -29,7 +29,6 @@ from composer_replication.diloco.serverless.store import CorruptObjectError
 __all__ = ["ObjectStoreAllReduce", "RoundTimeoutError", "RunConflictError"]  # MockManager: see __getattr__
 
 log = logging.getLogger(__name__)
-_NONFINITE = "non-finite values (NaN or inf)"
 
 
 class ObjectStoreAllReduce:
@@ -192,7 +191,8 @@ class ObjectStoreAllReduce:
         mean, finite = _mean_in_rank_order({r: got[r] for r in participants}, name) if commit else ([], [])
         bad = sorted(set(participants) - set(finite)) if commit else []  # every rank finds the same ones
         if bad:
-            missing, problems = sorted(set(missing) | set(bad)), dict(problems, **{str(r): _NONFINITE for r in bad})
+            missing = sorted(set(missing) | set(bad))
+            problems = dict(problems, **dict.fromkeys(map(str, bad), "non-finite values (NaN or inf)"))
         if not commit or len(finite) < self.min_world_size:
             detail = "; ".join(f"rank {r}: {why}" for r, why in sorted(problems.items()))
             raise RoundTimeoutError(f"round {round_id} of run {self._launch.key!r} at {self.uri}: rank(s) {missing} "

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from composer_replication.diloco.serverless.executor import ReplicaHandle, _check_launch, collect_by_polling
+from composer_replication.diloco.serverless.executor import PollingExecutor, ReplicaHandle, _check_launch
 
 __all__ = ["ModalExecutor", "HFJobsExecutor"]
 
@@ -32,12 +32,12 @@ def _lines(lines: Iterable[str]) -> str:
     return "".join(m if m.endswith("\n") else m + "\n" for m in lines)
 
 
-class _CloudExecutor:
-    """What the cloud backends share: launch one replica per rank, collect by polling every ``poll_interval_s``."""
+class _CloudExecutor(PollingExecutor):
+    """What the cloud backends share: one replica per rank started by ``_start``; ``collect`` reports no exit code
+    (0 on success, else ``None``: the clouds report a stage or an exception)."""
 
     backend_name = ""
     supports_inter_replica_network = False
-    poll_interval_s: float
 
     def _start(self, rank: int, entrypoint: str, args: dict[str, Any], gpu: str | None,
                timeout: int) -> dict[str, Any]:
@@ -54,13 +54,6 @@ class _CloudExecutor:
         log.info("%s: started %d replica(s): %s", self.backend_name, n_replicas, [h.metadata for h in handles])
         return handles
 
-    def _report(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
-        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle ``rank``, ``status``,
-        ``exit_code`` (0 on success, else ``None``: the clouds report no exit codes), ``error``, ``result``."""
-        return collect_by_polling(self, handles, timeout, self.poll_interval_s, self._report)
 
 
 class ModalExecutor(_CloudExecutor):

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from composer_replication.diloco.serverless.allreduce import ObjectStoreAllReduce
 
 __all__ = ["ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "replica_entrypoint", "resolve_entrypoint",
-           "run_replica", "collect_by_polling", "STATUSES"]
+           "run_replica", "PollingExecutor", "STATUSES"]
 
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 _FINAL = ("succeeded", "failed", "cancelled")
@@ -79,18 +79,14 @@ def resolve_entrypoint(entrypoint: str | Callable[..., Any], *, default_attr: st
     if not isinstance(entrypoint, str) or not entrypoint:
         raise ValueError(f"entrypoint must be a dotted path or a callable, got {entrypoint!r}")
     try:
-        return _attr(importlib.import_module(entrypoint), default_attr, entrypoint)
+        module, attr = importlib.import_module(entrypoint), default_attr
     except ModuleNotFoundError as exc:
         if "." not in entrypoint or not entrypoint.startswith(exc.name or "\0"):
             raise
         parent, attr = entrypoint.rsplit(".", 1)
-        return _attr(importlib.import_module(parent), attr, entrypoint)
-
-
-def _attr(module: Any, attr: str, path: str) -> Callable[..., Any]:
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
+        module = importlib.import_module(parent)
+    if not callable(fn := getattr(module, attr, None)):
+        raise ValueError(f"entrypoint {entrypoint!r}: {module.__name__}.{attr} is not a callable; give the module a "
                          f"{attr}(), or name the function: 'pkg.module.function'")
     return fn
 
@@ -134,24 +130,31 @@ def _check_launch(n_replicas: Any, entrypoint: Any, backend: str) -> None:
                         f"run only with LocalProcessExecutor), got {type(entrypoint).__name__}")
 
 
-def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int | None, interval_s: float,
-                       report: Callable[[ReplicaHandle, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Poll every handle until it is final (cancelling those still running after ``timeout`` s); then
-    ``report(handle, status)`` for each, or a ``cancelled`` entry saying so for a timed-out one."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    status = {id(h): executor.poll(h) for h in handles}
-    while any(s not in _FINAL for s in status.values()) and (deadline is None or time.monotonic() < deadline):
-        time.sleep(interval_s)
-        status.update({id(h): executor.poll(h) for h in handles if status[id(h)] not in _FINAL})
-    out = []
-    for h in handles:
-        if status[id(h)] in _FINAL:
-            out.append(report(h, status[id(h)]))
-            continue
-        executor.cancel(h)
-        out.append({"rank": h.rank, "status": "cancelled", "exit_code": None, "result": None,
-                    "error": f"still running after collect(timeout={timeout}); cancelled"})
-    return out
+class PollingExecutor:
+    """What every backend shares: ``collect`` polls each handle every ``poll_interval_s`` until it is final."""
+
+    poll_interval_s: float = 0.05
+
+    def _report(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
+        raise NotImplementedError  # the entry of a handle that ended with ``status``
+
+    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
+        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle, in order: ``rank``,
+        ``status``, ``exit_code``, ``error`` (``None`` on success), ``result`` (and what the backend adds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = {id(h): self.poll(h) for h in handles}
+        while any(s not in _FINAL for s in status.values()) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(self.poll_interval_s)
+            status.update({id(h): self.poll(h) for h in handles if status[id(h)] not in _FINAL})
+        out = []
+        for h in handles:
+            if status[id(h)] in _FINAL:
+                out.append(self._report(h, status[id(h)]))
+                continue
+            self.cancel(h)
+            out.append({"rank": h.rank, "status": "cancelled", "exit_code": None, "result": None,
+                        "error": f"still running after collect(timeout={timeout}); cancelled"})
+        return out
 
 
 def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank: int, log_path: str, conn: Any) -> None:
@@ -172,12 +175,12 @@ def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank: int
     os._exit(code)
 
 
-class LocalProcessExecutor:
+class LocalProcessExecutor(PollingExecutor):
     """Reference executor: one ``spawn`` process per replica on this machine.
 
     A handle's ``metadata``: ``pid``, ``start_ts``, ``log_path`` (stdout and stderr), ``deadline``. A replica past
-    its ``timeout`` is killed and reported ``failed``. ``collect`` results add ``result`` (the entrypoint's return
-    value, which must be picklable) and ``log_path``.
+    its ``timeout`` is killed and reported ``failed``. In ``collect`` results, ``result`` is the entrypoint's return
+    value (which must be picklable), a negative ``exit_code`` the signal that killed it; ``log_path`` is added.
     """
 
     backend_name = "local_process"
@@ -260,12 +263,7 @@ class LocalProcessExecutor:
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(5)
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
-        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle, in order: ``rank``,
-        ``status``, ``exit_code`` (negative: killed by that signal), ``error`` (``None`` on success), ``result``."""
-        return collect_by_polling(self, handles, timeout, 0.05, self._result)
-
-    def _result(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
+    def _report(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
         proc, state = self._procs[handle.metadata["pid"]], self._state[handle.metadata["pid"]]
         proc.join()
         outcome, code, error = state["outcome"], proc.exitcode, None
