@@ -5,9 +5,7 @@ inner steps. :class:`DilocoReplica` sets one replica (a trainer with ``model``, 
 ``state_dict``, ``load_state_dict``) up in the order that works (``../shared/notes/torchft.md``): its own
 ``TCPStore`` and gloo group; a ``Manager(use_async_quorum=False, init_sync=False)`` registering the trainer's full
 state (a late joiner heals model *and* optimizer from a live peer); ``make_diloco_outer_loop`` after the weights
-are loaded, entered once. A replica whose pseudo-gradient is non-finite is left out of the round (``FiniteGuard``);
-one left out in more than ``max_nonfinite_rounds`` consecutive syncs raises :class:`NonFiniteReplicaError`, so its
-supervisor restarts it and it heals from the survivors.
+are loaded, entered once.
 """
 
 from __future__ import annotations

@@ -33,15 +33,12 @@ def _lines(lines: Iterable[str]) -> str:
 
 
 class _CloudExecutor(PollingExecutor):
-    """What the cloud backends share: one replica per rank started by ``_start``; ``collect`` reports no exit code
-    (0 on success, else ``None``: the clouds report a stage or an exception)."""
+    """What the cloud backends share: a subclass's ``_start(rank, entrypoint, args, gpu, timeout)`` starts one
+    replica and returns its handle's metadata; ``collect`` reports no exit code (0 on success, else ``None``: the
+    clouds report a stage or an exception)."""
 
     backend_name = ""
     supports_inter_replica_network = False
-
-    def _start(self, rank: int, entrypoint: str, args: dict[str, Any], gpu: str | None,
-               timeout: int) -> dict[str, Any]:
-        raise NotImplementedError
 
     def launch_replicas(self, n_replicas: int, entrypoint: str | Callable[..., Any],
                         entrypoint_args: Mapping[str, Any], *, gpu: str | None = None,
@@ -53,7 +50,6 @@ class _CloudExecutor(PollingExecutor):
                                                                       int(timeout))) for rank in range(n_replicas)]
         log.info("%s: started %d replica(s): %s", self.backend_name, n_replicas, [h.metadata for h in handles])
         return handles
-
 
 
 class ModalExecutor(_CloudExecutor):

@@ -1,9 +1,7 @@
-"""Serverless executors: launch N replicas somewhere, watch them, collect their results (ADR-005).
+"""Serverless executors (ADR-005): launch N replicas somewhere, watch them, collect their results.
 
-A backend implements :class:`ServerlessExecutor`. :class:`LocalProcessExecutor` runs each replica in a fresh
-``spawn`` process here (tests, local runs on a ``file://`` store); ``ModalExecutor`` and ``HFJobsExecutor``
-(``cloud.py``) run them on Modal and Hugging Face Jobs. Each replica runs :func:`replica_entrypoint`;
-they meet only in the object store it names.
+A backend implements :class:`ServerlessExecutor`: :class:`LocalProcessExecutor` here, ``ModalExecutor`` and
+``HFJobsExecutor`` in ``cloud.py``. Each replica runs :func:`replica_entrypoint`; they meet only in its store.
 """
 
 from __future__ import annotations
