@@ -28,8 +28,6 @@ __all__ = ["DiLoCo", "Manager", "_DummyWork", "_TORCHFT_AVAILABLE", "make_diloco
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = "pip install torchft==0.2.0 (it is a dependency of composer-replication: pip install -e .)"
-
 
 def _finite(tensors: Any) -> bool:
     """No NaN or inf in ``tensors`` (a sum first, 2-5x cheaper; an overflowing sum is checked element-wise)."""
@@ -107,8 +105,8 @@ class FiniteGuard:
             self.manager.report_error(RuntimeError("the averaged pseudo-gradient overflowed; the round is dropped"))
 
 
-def _validate(model_fragments: Any, inner_optimizer: Any, *, outer_lr: float, outer_momentum: float,
-              nesterov: bool, sync_every: Any, fragment_sync_delay: Any, fragment_update_alpha: float) -> None:
+def _validate(model_fragments: Any, inner_optimizer: Any, outer_lr: float, outer_momentum: float, nesterov: bool,
+              sync_every: Any, fragment_sync_delay: Any, fragment_update_alpha: float) -> None:
     """Raise ``ValueError``/``TypeError`` naming the first bad argument (see ``make_diloco_outer_loop``)."""
     if not isinstance(model_fragments, (list, tuple)) or len(model_fragments) == 0:
         raise ValueError(f"model_fragments must be a non-empty list of nn.Module, got {model_fragments!r}; pass "
@@ -170,10 +168,10 @@ def make_diloco_outer_loop(manager: Any, model_fragments: list[torch.nn.Module],
         ValueError / TypeError: a bad argument (the message names it and the fix), or an asynchronous quorum.
     """
     if not _TORCHFT_AVAILABLE:
-        raise RuntimeError(f"make_diloco_outer_loop needs torchft, which is not importable: {_INSTALL_HINT}")
-    _validate(model_fragments, inner_optimizer, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov,
-              sync_every=sync_every, fragment_sync_delay=fragment_sync_delay,
-              fragment_update_alpha=fragment_update_alpha)
+        raise RuntimeError("make_diloco_outer_loop needs torchft, which is not importable: pip install torchft==0.2.0 "
+                           "(it is a dependency of composer-replication: pip install -e .)")
+    _validate(model_fragments, inner_optimizer, outer_lr, outer_momentum, nesterov, sync_every, fragment_sync_delay,
+              fragment_update_alpha)
     if getattr(manager, "_use_async_quorum", False):
         raise ValueError("DiLoCo needs a synchronous quorum: build the torchft Manager with use_async_quorum=False")
     outer_optimizers = [torch.optim.SGD(f.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)

@@ -5,9 +5,7 @@ inner steps. :class:`DilocoReplica` sets one replica (a trainer with ``model``, 
 ``state_dict``, ``load_state_dict``) up in the order that works (``../shared/notes/torchft.md``): its own
 ``TCPStore`` and gloo group; a ``Manager(use_async_quorum=False, init_sync=False)`` registering the trainer's full
 state (a late joiner heals model *and* optimizer from a live peer); ``make_diloco_outer_loop`` after the weights
-are loaded, entered once. A replica whose pseudo-gradient is non-finite is left out of the round (``FiniteGuard``);
-one left out in more than ``max_nonfinite_rounds`` consecutive syncs raises :class:`NonFiniteReplicaError`, so its
-supervisor restarts it and it heals from the survivors.
+are loaded, entered once.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ __all__ = ["DilocoReplica", "Lighthouse", "NonFiniteReplicaError", "param_sha256
            "shard_training_data"]
 
 log = logging.getLogger(__name__)
+_OUTER_KEYS = ("outer_lr", "outer_momentum", "nesterov", "sync_every", "fragment_sync_delay", "fragment_update_alpha")
 
 
 def param_sha256(model: torch.nn.Module) -> str:
@@ -138,11 +137,8 @@ class DilocoReplica:
             init_sync=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
             store_addr=host, store_port=self.store.port, hostname=host, lighthouse_addr=lighthouse_addr,
             replica_id=replica_id)
-        self.outer = make_diloco_outer_loop(
-            self.manager, split_fragments(trainer.model, config.fragments), trainer.optimizer,
-            outer_lr=config.outer_lr, outer_momentum=config.outer_momentum, nesterov=config.nesterov,
-            sync_every=config.sync_every, fragment_sync_delay=config.fragment_sync_delay,
-            fragment_update_alpha=config.fragment_update_alpha)
+        self.outer = make_diloco_outer_loop(self.manager, split_fragments(trainer.model, config.fragments),
+                                            trainer.optimizer, **{k: getattr(config, k) for k in _OUTER_KEYS})
         self.outer.__enter__()
         self.set_local_step(local_step)
 

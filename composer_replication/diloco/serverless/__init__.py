@@ -11,6 +11,7 @@ from composer_replication.diloco.serverless.allreduce import (
     RoundTimeoutError,
     RunConflictError,
 )
+from composer_replication.diloco.serverless.cloud import HFJobsExecutor, ModalExecutor
 from composer_replication.diloco.serverless.executor import (
     LocalProcessExecutor,
     ReplicaHandle,
@@ -18,9 +19,7 @@ from composer_replication.diloco.serverless.executor import (
     replica_entrypoint,
     run_replica,
 )
-from composer_replication.diloco.serverless.hf_jobs import HFJobsExecutor
 from composer_replication.diloco.serverless.manager import DroppedRoundError, MockManager
-from composer_replication.diloco.serverless.modal import ModalExecutor
 from composer_replication.diloco.serverless.store import StoreAccessError
 
 __all__ = ["ObjectStoreAllReduce", "RoundTimeoutError", "RunConflictError", "StoreAccessError", "MockManager",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from composer_replication.diloco.outer import _finite
 from composer_replication.diloco.serverless import store
 from composer_replication.diloco.serverless.rendezvous import (
     Launch,
@@ -28,12 +29,6 @@ from composer_replication.diloco.serverless.store import CorruptObjectError
 __all__ = ["ObjectStoreAllReduce", "RoundTimeoutError", "RunConflictError"]  # MockManager: see __getattr__
 
 log = logging.getLogger(__name__)
-_NONFINITE = "non-finite values (NaN or inf)"
-
-
-def _finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """No NaN or inf in ``tensors`` (a sum first, 2-5x cheaper; an overflowing sum is checked element-wise)."""
-    return all(bool(t.sum().isfinite()) or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 class ObjectStoreAllReduce:
@@ -89,7 +84,7 @@ class ObjectStoreAllReduce:
         self.last_participants: list[int] = list(range(world_size))
         self.last_nonfinite: list[int] = []
         self._waiting_for = list(range(world_size))
-        self._round_id, self._run_id = round_id or 0, run_id
+        self.round_id, self.run_id = round_id or 0, run_id  # round_id: the next round (aborted rounds count too)
         self._storage_options = dict(storage_options or {})
         self._launch: Launch | None = None
         self._refusal: str | None = None
@@ -98,16 +93,6 @@ class ObjectStoreAllReduce:
         if store.protocol_of(uri) == "file":  # local folders exist from construction on
             fs, root = store.open_store(uri, self._storage_options)
             fs.makedirs(root, exist_ok=True)
-
-    @property
-    def round_id(self) -> int:
-        """The number of the next round (aborted rounds count too)."""
-        return self._round_id
-
-    @property
-    def run_id(self) -> str | None:
-        """The ``run_id`` given (``None``: the prefix's ``auto`` run)."""
-        return self._run_id
 
     @property
     def launch_id(self) -> str | None:
@@ -133,24 +118,22 @@ class ObjectStoreAllReduce:
             if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
                 raise TypeError(f"tensor {i} of {name!r} must be a floating torch.Tensor to average, got "
                                 f"{getattr(t, 'dtype', type(t).__name__)}")
-        round_id = self._round_id
-        self._round_id += 1
+        round_id = self.round_id
+        self.round_id += 1
         if self.world_size == 1:
             return tensors
         try:
             if self._launch is None:
                 fs, root = store.open_store(self.uri, self._storage_options)
                 self._launch = open_launch(
-                    fs, root, uri=self.uri, rank=self.rank, world_size=self.world_size, run_id=self._run_id,
+                    fs, root, uri=self.uri, rank=self.rank, world_size=self.world_size, run_id=self.run_id,
                     resume=self.resume, min_world_size=self.min_world_size, timeout_s=self.timeout_s,
                     poll_interval_s=self.poll_interval_s, owner=self._owner)
                 log.info("rank %d/%d joined launch %s at %s", self.rank, self.world_size, self._launch.id, self.uri)
             return self._run_round(round_id, tensors, name)
-        except (ImportError, TimeoutError, ValueError, TypeError, RunConflictError):
-            raise
         except Exception as exc:  # a refused credential surfaces at the first request, whichever it is
-            better = store.explain_access_error(exc, self.uri)
-            if better is not None:
+            ours = isinstance(exc, (ImportError, TimeoutError, ValueError, TypeError, RunConflictError))
+            if not ours and (better := store.explain_access_error(exc, self.uri)) is not None:
                 raise better from exc
             raise
 
@@ -163,8 +146,9 @@ class ObjectStoreAllReduce:
     def _fs(self) -> Any:
         return self._launch.fs
 
-    def _object(self, round_id: int, rank: int) -> str:
-        return f"{self._launch.base}/round_{round_id:08d}/rank_{rank}.bin"
+    def _object(self, round_id: int, rank: int | None = None) -> str:
+        folder = f"{self._launch.base}/round_{round_id:08d}"  # rank None: the round's folder
+        return folder if rank is None else f"{folder}/rank_{rank}.bin"
 
     def _read(self, round_id: int, rank: int, expect: dict[str, Any]) -> tuple[dict, list[torch.Tensor]]:
         data = self._fs.cat_file(self._object(round_id, rank))
@@ -180,7 +164,6 @@ class ObjectStoreAllReduce:
                 self._refusal = str(exc)
 
     def _run_round(self, round_id: int, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
-        folder = f"{self._launch.base}/round_{round_id:08d}"
         if self.rank == 0:
             self._launch.renew()
             self._admit()
@@ -191,7 +174,7 @@ class ObjectStoreAllReduce:
         own = {"name": name, "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
                                          for t in tensors]}
         got: dict[int, tuple[dict, list[torch.Tensor]]] = {self.rank: (own, tensors)}
-        decision = _checked(self._gather(round_id, folder, expect, got), self.world_size, round_id)
+        decision = _checked(self._gather(round_id, expect, got), self.world_size, round_id)
         if decision["decision"] == "refuse":
             raise RunConflictError(decision["message"])
         participants, missing, problems = decision["participants"], decision["missing"], decision["problems"]
@@ -208,7 +191,8 @@ class ObjectStoreAllReduce:
         mean, finite = _mean_in_rank_order({r: got[r] for r in participants}, name) if commit else ([], [])
         bad = sorted(set(participants) - set(finite)) if commit else []  # every rank finds the same ones
         if bad:
-            missing, problems = sorted(set(missing) | set(bad)), dict(problems, **{str(r): _NONFINITE for r in bad})
+            missing = sorted(set(missing) | set(bad))
+            problems = dict(problems, **dict.fromkeys(map(str, bad), "non-finite values (NaN or inf)"))
         if not commit or len(finite) < self.min_world_size:
             detail = "; ".join(f"rank {r}: {why}" for r, why in sorted(problems.items()))
             raise RoundTimeoutError(f"round {round_id} of run {self._launch.key!r} at {self.uri}: rank(s) {missing} "
@@ -227,9 +211,10 @@ class ObjectStoreAllReduce:
                 pass
         return tensors
 
-    def _gather(self, round_id: int, folder: str, expect: dict, got: dict) -> dict[str, Any]:
+    def _gather(self, round_id: int, expect: dict, got: dict) -> dict[str, Any]:
         """Poll until every expected object is there, a decision exists, or the timeout; return the decision."""
-        path, problems = f"{folder}/decision.json", {}
+        folder, problems = self._object(round_id), {}
+        path = f"{folder}/decision.json"
         deadline = time.monotonic() + self.timeout_s
         while self._refusal is None:
             names = store.listing(self._fs, folder)

@@ -1,9 +1,7 @@
-"""Serverless executors: launch N replicas somewhere, watch them, collect their results (ADR-005).
+"""Serverless executors (ADR-005): launch N replicas somewhere, watch them, collect their results.
 
-A backend implements :class:`ServerlessExecutor`. :class:`LocalProcessExecutor` runs each replica in a fresh
-``spawn`` process here (tests, local runs on a ``file://`` store); ``ModalExecutor`` and ``HFJobsExecutor``
-(``modal.py``, ``hf_jobs.py``) run them on Modal and Hugging Face Jobs. Each replica runs :func:`replica_entrypoint`;
-they meet only in the object store it names.
+A backend implements :class:`ServerlessExecutor`: :class:`LocalProcessExecutor` here, ``ModalExecutor`` and
+``HFJobsExecutor`` in ``cloud.py``. Each replica runs :func:`replica_entrypoint`; they meet only in its store.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from composer_replication.diloco.serverless.allreduce import ObjectStoreAllReduce
 
 __all__ = ["ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "replica_entrypoint", "resolve_entrypoint",
-           "run_replica", "collect_by_polling", "STATUSES"]
+           "run_replica", "PollingExecutor", "STATUSES"]
 
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 _FINAL = ("succeeded", "failed", "cancelled")
@@ -79,18 +77,14 @@ def resolve_entrypoint(entrypoint: str | Callable[..., Any], *, default_attr: st
     if not isinstance(entrypoint, str) or not entrypoint:
         raise ValueError(f"entrypoint must be a dotted path or a callable, got {entrypoint!r}")
     try:
-        return _attr(importlib.import_module(entrypoint), default_attr, entrypoint)
+        module, attr = importlib.import_module(entrypoint), default_attr
     except ModuleNotFoundError as exc:
         if "." not in entrypoint or not entrypoint.startswith(exc.name or "\0"):
             raise
         parent, attr = entrypoint.rsplit(".", 1)
-        return _attr(importlib.import_module(parent), attr, entrypoint)
-
-
-def _attr(module: Any, attr: str, path: str) -> Callable[..., Any]:
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"entrypoint {path!r}: {module.__name__}.{attr} is not a callable; give the module a "
+        module = importlib.import_module(parent)
+    if not callable(fn := getattr(module, attr, None)):
+        raise ValueError(f"entrypoint {entrypoint!r}: {module.__name__}.{attr} is not a callable; give the module a "
                          f"{attr}(), or name the function: 'pkg.module.function'")
     return fn
 
@@ -120,7 +114,7 @@ def replica_entrypoint(rendezvous_uri: str, world_size: int, trainer_module: str
         allreduce.close()
 
 
-def run_replica(rank: int, entrypoint: str, entrypoint_args: Mapping[str, Any]) -> Any:
+def run_replica(rank: int, entrypoint: str | Callable[..., Any], entrypoint_args: Mapping[str, Any]) -> Any:
     """The body of a remote replica (the Modal function): set ``$<rank_env>`` (default ``REPLICA_RANK``), run."""
     os.environ[str(entrypoint_args.get("rank_env", "REPLICA_RANK"))] = str(int(rank))
     return resolve_entrypoint(entrypoint)(**dict(entrypoint_args))
@@ -134,37 +128,41 @@ def _check_launch(n_replicas: Any, entrypoint: Any, backend: str) -> None:
                         f"run only with LocalProcessExecutor), got {type(entrypoint).__name__}")
 
 
-def collect_by_polling(executor: Any, handles: list[ReplicaHandle], timeout: int | None, interval_s: float,
-                       report: Callable[[ReplicaHandle, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Poll every handle until it is final (cancelling those still running after ``timeout`` s); then
-    ``report(handle, status)`` for each, or a ``cancelled`` entry saying so for a timed-out one."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    status = {id(h): executor.poll(h) for h in handles}
-    while any(s not in _FINAL for s in status.values()) and (deadline is None or time.monotonic() < deadline):
-        time.sleep(interval_s)
-        status.update({id(h): executor.poll(h) for h in handles if status[id(h)] not in _FINAL})
-    out = []
-    for h in handles:
-        if status[id(h)] in _FINAL:
-            out.append(report(h, status[id(h)]))
-            continue
-        executor.cancel(h)
-        out.append({"rank": h.rank, "status": "cancelled", "exit_code": None, "result": None,
-                    "error": f"still running after collect(timeout={timeout}); cancelled"})
-    return out
+class PollingExecutor:
+    """What every backend shares: ``collect`` polls each handle every ``poll_interval_s`` until it is final."""
+
+    poll_interval_s: float = 0.05
+
+    def _report(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
+        raise NotImplementedError  # the entry of a handle that ended with ``status``
+
+    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
+        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle, in order: ``rank``,
+        ``status``, ``exit_code``, ``error`` (``None`` on success), ``result`` (and what the backend adds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = {id(h): self.poll(h) for h in handles}
+        while any(s not in _FINAL for s in status.values()) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(self.poll_interval_s)
+            status.update({id(h): self.poll(h) for h in handles if status[id(h)] not in _FINAL})
+        out = []
+        for h in handles:
+            if status[id(h)] in _FINAL:
+                out.append(self._report(h, status[id(h)]))
+                continue
+            self.cancel(h)
+            out.append({"rank": h.rank, "status": "cancelled", "exit_code": None, "result": None,
+                        "error": f"still running after collect(timeout={timeout}); cancelled"})
+        return out
 
 
-def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank_env: str, rank: int, log_path: str,
-           conn: Any) -> None:
-    """A replica process: set the rank variable, send stdout/stderr to the log, run, report, exit."""
-    os.environ[rank_env] = str(rank)
+def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank: int, log_path: str, conn: Any) -> None:
+    """A replica process: send stdout/stderr to the log, run (:func:`run_replica`), report, exit."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    sys.stdout, sys.stderr = (os.fdopen(std, "w", buffering=1, closefd=False) for std in (1, 2))
     try:  # plain pickle: multiprocessing's would share tensors through descriptors that die with this process
-        message, code = pickle.dumps(("ok", resolve_entrypoint(entrypoint)(**args))), 0
+        message, code = pickle.dumps(("ok", run_replica(rank, entrypoint, args))), 0
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher with its traceback
         traceback.print_exc()
         message, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
@@ -175,12 +173,12 @@ def _child(entrypoint: str | Callable[..., Any], args: dict[str, Any], rank_env:
     os._exit(code)
 
 
-class LocalProcessExecutor:
+class LocalProcessExecutor(PollingExecutor):
     """Reference executor: one ``spawn`` process per replica on this machine.
 
     A handle's ``metadata``: ``pid``, ``start_ts``, ``log_path`` (stdout and stderr), ``deadline``. A replica past
-    its ``timeout`` is killed and reported ``failed``. ``collect`` results add ``result`` (the entrypoint's return
-    value, which must be picklable) and ``log_path``.
+    its ``timeout`` is killed and reported ``failed``. In ``collect`` results, ``result`` is the entrypoint's return
+    value (which must be picklable), a negative ``exit_code`` the signal that killed it; ``log_path`` is added.
     """
 
     backend_name = "local_process"
@@ -211,8 +209,8 @@ class LocalProcessExecutor:
         for rank in range(n_replicas):
             log_path = self._log_dir / f"replica_{rank}_{time.time_ns()}.log"
             recv, send = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_child, name=f"replica-{rank}", args=(
-                entrypoint, args, str(args.get("rank_env", "REPLICA_RANK")), rank, str(log_path), send))
+            proc = self._ctx.Process(target=_child, name=f"replica-{rank}",
+                                     args=(entrypoint, args, rank, str(log_path), send))
             proc.start()
             send.close()
             self._procs[proc.pid] = proc
@@ -263,12 +261,7 @@ class LocalProcessExecutor:
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(5)
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[dict[str, Any]]:
-        """Wait for every replica (at most ``timeout`` s: the rest are cancelled); per handle, in order: ``rank``,
-        ``status``, ``exit_code`` (negative: killed by that signal), ``error`` (``None`` on success), ``result``."""
-        return collect_by_polling(self, handles, timeout, 0.05, self._result)
-
-    def _result(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
+    def _report(self, handle: ReplicaHandle, status: str) -> dict[str, Any]:
         proc, state = self._procs[handle.metadata["pid"]], self._state[handle.metadata["pid"]]
         proc.join()
         outcome, code, error = state["outcome"], proc.exitcode, None

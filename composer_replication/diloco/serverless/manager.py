@@ -58,29 +58,18 @@ class MockManager:
         if max_dropped_rounds is not None and (not isinstance(max_dropped_rounds, int) or max_dropped_rounds < 0):
             raise ValueError(f"max_dropped_rounds must be None or an int >= 0, got {max_dropped_rounds!r}")
         self._allreduce, self.max_dropped_rounds = allreduce, max_dropped_rounds
-        self._use_async_quorum = False
-        self._min_replica_size = allreduce.min_world_size
+        self.rank, self.world_size = allreduce.rank, allreduce.world_size
+        self._use_async_quorum, self._min_replica_size = False, allreduce.min_world_size
         self._step = self._batches_committed = 0
         self._queue: list[tuple[_StoreWork, bool]] = []
         self._error: Exception | None = None
-        self._last_participants = allreduce.world_size
+        self._last_participants, self._readable = allreduce.world_size, True
         self._fns: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {}
-        self._readable = True
         self.dropped_rounds = self.consecutive_dropped_rounds = 0
-
-    @property
-    def rank(self) -> int:
-        return self._allreduce.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._allreduce.world_size
 
     def num_participants(self) -> int:
         """Replicas averaged in the last round (fewer under elastic membership), or 1 after a dropped round."""
         return self._last_participants
-
-    # ------------------------------------------------------------------------ state dict
 
     def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None],
                                state_dict: Callable[[], Any]) -> None:
@@ -116,8 +105,6 @@ class MockManager:
         """Load what :meth:`user_state_dict` returned (build DiLoCo first: its keys must be registered)."""
         for key, value in state.items():
             self._fns[key][0](value)
-
-    # ------------------------------------------------------------------------ rounds
 
     def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False,
                      timeout: timedelta | None = None) -> None:
@@ -176,10 +163,8 @@ class MockManager:
             self._batches_committed += self._last_participants
             self.consecutive_dropped_rounds = 0
             return True
-        self._last_participants = 1
-        self.dropped_rounds += 1
-        self.consecutive_dropped_rounds += 1
-        error, self._error = self._error, None
+        self._last_participants, error, self._error = 1, self._error, None
+        self.dropped_rounds, self.consecutive_dropped_rounds = self.dropped_rounds + 1, self.consecutive_dropped_rounds + 1
         if self.max_dropped_rounds is not None and self.consecutive_dropped_rounds > self.max_dropped_rounds:
             raise DroppedRoundError(
                 f"replica {self.rank}: {self.consecutive_dropped_rounds} consecutive round(s) dropped "

@@ -93,17 +93,13 @@ def explain_access_error(exc: BaseException, uri: str) -> StoreAccessError | Non
     return StoreAccessError(f"the store at {uri!r} refused access ({type(exc).__name__}: {exc}); {hint}")
 
 
-# ---------------------------------------------------------------------------- codec
-
 
 def encode_tensors(tensors: Sequence[torch.Tensor], meta: Mapping[str, Any]) -> bytes:
     """Serialise ``tensors`` (any shapes, dtypes of ``_DTYPES``, any device) behind a header holding ``meta``."""
-    bodies, specs = [], []
-    for t in tensors:
-        flat = t.detach().to("cpu").contiguous().reshape(-1)
-        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        bodies.append(raw)
-        specs.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)})
+    bodies = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+              for t in tensors]
+    specs = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": len(raw)}
+             for t, raw in zip(tensors, bodies)]
     body = b"".join(bodies)
     header = dict(meta, tensors=specs, body_nbytes=len(body), sha256=hashlib.sha256(body).hexdigest())
     head = json.dumps(header, sort_keys=True).encode()
@@ -172,8 +168,6 @@ def decode_tensors(data: bytes, expect: Mapping[str, Any]) -> tuple[dict[str, An
         tensors.append(flat.view(dtype).reshape(shape))
     return header, tensors
 
-
-# ---------------------------------------------------------------------------- writes
 
 
 def is_local(fs: Any) -> bool:

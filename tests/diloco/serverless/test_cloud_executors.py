@@ -218,7 +218,7 @@ def test_hf_fake_matches_the_installed_sdk_signatures() -> None:
         real_params = set(inspect.signature(getattr(real, name)).parameters)
         assert fake_params <= real_params, (name, fake_params - real_params)
     stages = {s.value for s in pytest.importorskip("huggingface_hub").JobStage}
-    from composer_replication.diloco.serverless.hf_jobs import _STAGES
+    from composer_replication.diloco.serverless.cloud import _STAGES
 
     assert stages <= set(_STAGES), stages - set(_STAGES)
 
