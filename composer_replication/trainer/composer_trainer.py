@@ -51,9 +51,11 @@ DPO_REJECTED_COLUMN = "dpo_rejected"
 _INSTALL = "pip install composer-replication[trl]"
 
 
-def _pad(seqs: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
-    """``[B, max(len)]`` long, right-padded with ``fill`` (at least one column; rows may be empty)."""
-    return pad_rows(seqs, fill)[0].to(device)
+def _padded(ids: list[list[int]], masks: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(ids, attention mask, masks)``, each ``[B, max(len)]`` long, right-padded (at least one column; rows
+    may be empty)."""
+    rows = ((ids, pad), ([[1] * len(s) for s in ids], 0), (masks, 0))
+    return tuple(pad_rows(r, fill)[0].to(device) for r, fill in rows)
 
 
 def _messages(prompt: Any, row: int, what: str) -> list[dict]:
@@ -82,18 +84,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         ``loss.`` key), or a batch with images while a channel runs (channels 2 and 3 pass token ids only).
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        alpha_sdpo: float = 0.1,
-        beta_replay: float = 0.05,
-        sdpo_jsd_beta: float = 0.5,
-        sdpo_temperature: float = 1.0,
-        sdpo_token_clip: float | None = None,
-        replay_dpo_beta: float = 0.1,
-        loss_chunk_size: int | None = 1024,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, alpha_sdpo: float = 0.1, beta_replay: float = 0.05, sdpo_jsd_beta: float = 0.5,
+                 sdpo_temperature: float = 1.0, sdpo_token_clip: float | None = None, replay_dpo_beta: float = 0.1,
+                 loss_chunk_size: int | None = 1024, **kwargs: Any) -> None:  # fmt: skip
         if not _TRL_AVAILABLE:
             raise ImportError(f"ComposerReplicationTrainer needs trl (a TRL GRPOTrainer subclass): {_INSTALL}")
         self.loss_config = LossConfig(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
@@ -109,9 +102,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         extra = [c for c in (HINT_COLUMN, DPO_CHOSEN_COLUMN, DPO_REJECTED_COLUMN) if c not in self._signature_columns]
         self._signature_columns = [*self._signature_columns, *extra]
 
-    # ------------------------------------------------------------------------------------------
-    # Data path: attach the channel-2/3 tensors to the generation batch (sliced by _prepare_inputs)
-    # ------------------------------------------------------------------------------------------
+    # --- data path: attach the channel-2/3 tensors to the generation batch (sliced by _prepare_inputs) ---
     def _generate(self, prompts: list):
         """TRL's generation; records the prompts it renders (after environment resets) for the channel rows."""
         self._rollout_prompts = prompts
@@ -151,9 +142,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             prompt = list(teacher_prompts[i])
             ids.append(prompt + output["completion_ids"][i, :n].tolist())
             masks.append([0] * len(prompt) + own[i, :n].tolist())
-        return {"ctx_teacher_input_ids": _pad(ids, pad_id(self.processing_class), device),
-                "ctx_teacher_attention_mask": _pad([[1] * len(s) for s in ids], 0, device),
-                "sdpo_loss_mask": _pad(masks, 0, device)}
+        keys = ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")
+        return dict(zip(keys, _padded(ids, masks, pad_id(self.processing_class), device)))
 
     def _dpo_tensors(self, pairs: list[tuple[Any, Any]], output: dict[str, Any]) -> dict[str, torch.Tensor]:
         """``student prompt + response`` rows for chosen and rejected ``[B, T*]``, reference log-probs ``[B]``."""
@@ -171,9 +161,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
                 response = build_response_ids(tok, pairs[i][k])
                 seqs[i], masks[i] = prompt + response, [0] * len(prompt) + [1] * len(response)
-            out[f"dpo_{side}_input_ids"] = _pad(seqs, pad_id(tok), device)
-            out[f"dpo_{side}_attention_mask"] = _pad([[1] * len(s) for s in seqs], 0, device)
-            out[f"dpo_{side}_response_mask"] = _pad(masks, 0, device)
+            keys = (f"dpo_{side}_input_ids", f"dpo_{side}_attention_mask", f"dpo_{side}_response_mask")
+            out.update(zip(keys, _padded(seqs, masks, pad_id(tok), device)))
         ref_model, ctx = self._dpo_reference()
         index = torch.tensor(rows, device=device)
         with torch.no_grad(), ctx:
@@ -193,9 +182,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             return model, use_adapter(model, "ref" if "ref" in model.peft_config else None)
         return model, nullcontext()
 
-    # ------------------------------------------------------------------------------------------
-    # Loss and metrics
-    # ------------------------------------------------------------------------------------------
+    # --- loss and metrics ---
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """``LossConfig.combine(grpo, sdpo, dpo, shares=(1, 1/GA, 1/GA))`` (TRL's GRPO loss is already scaled)."""
         grpo = super()._compute_loss(model, inputs)
@@ -267,13 +254,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return loss
 
     @staticmethod
-    def _sequence_logprobs(
-        model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        chunk_size: int | None = 1024,
-    ) -> torch.Tensor:
+    def _sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, response_mask: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None, *, chunk_size: int | None = 1024) -> torch.Tensor:
         """Summed response log-probs ``[P]`` of ``input_ids`` / masks ``[P, T]`` (``losses.sequence_logprobs_for``)."""
         return sequence_logprobs_for(model, input_ids, response_mask, attention_mask, chunk_size=chunk_size)

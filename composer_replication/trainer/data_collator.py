@@ -82,9 +82,7 @@ class ComposerDataCollator:
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.tokenizer, "apply_chat_template", None)):
-            raise ValueError(
-                f"tokenizer must provide apply_chat_template, got {type(self.tokenizer).__name__}"
-            )
+            raise ValueError(f"tokenizer must provide apply_chat_template, got {type(self.tokenizer).__name__}")
         self._eot = end_of_turn_id(self.tokenizer)
         self._eot_text = self.tokenizer.decode([self._eot])
         pad = next((p for p in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None),
@@ -194,9 +192,7 @@ class ComposerDataCollator:
         index: dict[Any, int] = {}
         return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
 
-    def _channel1(
-        self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]
-    ) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def _channel1(self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]) -> tuple[dict[str, torch.Tensor], list[int]]:
         rewards = []
         for b, ex in enumerate(batch):
             try:
@@ -244,9 +240,8 @@ class ComposerDataCollator:
                     ctx["tool_name"] = calls[0]
         return sites
 
-    def _teacher_rows(
-        self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]], row: _StudentRow
-    ) -> list[tuple[HintedRow, int]]:
+    def _teacher_rows(self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]],
+                      row: _StudentRow) -> list[tuple[HintedRow, int]]:  # fmt: skip
         out: list[tuple[HintedRow, int]] = []
         cap = self.config.max_seq_len
         generate = self.config.hint_generator
