@@ -65,6 +65,15 @@ def _messages(prompt: Any, row: int, what: str) -> list[dict]:
     return list(prompt)
 
 
+def _rows(inputs: dict[str, Any], weight: float, *masks: str) -> torch.Tensor | None:
+    """Indices ``[b]`` of the rows where every one of ``masks`` (``[B, T]``) has a 1; None when the channel's
+    ``weight`` is 0, a mask is absent, or no row qualifies."""
+    if weight == 0 or any(m not in inputs for m in masks):
+        return None
+    rows = torch.stack([inputs[m].any(-1) for m in masks]).all(0).nonzero().squeeze(-1)
+    return rows if rows.numel() else None
+
+
 class ComposerReplicationTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` whose loss adds self-distillation (channel 2) and trace-replay DPO (channel 3).
 
@@ -218,12 +227,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         Returns a scalar, ``0`` when the channel is off or no row has a hint; ``ValueError`` (from the library)
         when a row's student and teacher tokens differ.
         """
-        zero = torch.zeros((), device=inputs["completion_ids"].device)
-        if self.loss_config.alpha_sdpo == 0 or "sdpo_loss_mask" not in inputs:
-            return zero
-        rows = inputs["sdpo_loss_mask"].any(-1).nonzero().squeeze(-1)
-        if rows.numel() == 0:
-            return zero
+        rows = _rows(inputs, self.loss_config.alpha_sdpo, "sdpo_loss_mask")
+        if rows is None:
+            return torch.zeros((), device=inputs["completion_ids"].device)
         prompt_mask, comp = inputs["prompt_mask"], inputs["completion_mask"]
         own = comp * inputs["tool_mask"] if "tool_mask" in inputs else comp
         sub = {"input_ids": torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)[rows],  # [b, Tp + Tc]
@@ -237,13 +243,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Sigmoid DPO over the rows that carry a pair (nonzero chosen and rejected response masks), policy
         log-probs from :meth:`_sequence_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
-        zero = torch.zeros((), device=inputs["completion_ids"].device)
-        if self.loss_config.beta_replay == 0 or "dpo_chosen_input_ids" not in inputs:
-            return zero
-        rows = (inputs["dpo_chosen_response_mask"].any(-1) & inputs["dpo_rejected_response_mask"].any(-1)).nonzero()
-        rows = rows.squeeze(-1)
-        if rows.numel() == 0:
-            return zero
+        rows = _rows(inputs, self.loss_config.beta_replay, "dpo_chosen_response_mask", "dpo_rejected_response_mask")
+        if rows is None:
+            return torch.zeros((), device=inputs["completion_ids"].device)
         policy = self.accelerator.unwrap_model(model)
         logps = [self._sequence_logprobs(policy, *(inputs[f"dpo_{side}_{k}"][rows] for k in
                                                    ("input_ids", "response_mask", "attention_mask")),

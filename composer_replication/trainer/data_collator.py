@@ -101,12 +101,14 @@ class ComposerDataCollator:
             raise ValueError(f"batch must be a non-empty list of TraceExample dicts, got {batch!r:.80}")
         cfg = self.config
         rows: list[_StudentRow] = []
+        rewards: list[float] = []
         teachers: list[tuple[HintedRow, int]] = []
         pairs: list[TokenizedPair] = []
         for b, ex in enumerate(batch):
             try:
                 msgs, turns = self._messages(ex)
                 rows.append(self._student_row(msgs))
+                rewards.append(self._reward(ex))
                 if cfg.enable_sdpo and cfg.hint_generator is not None:
                     teachers += self._teacher_rows(b, turns, msgs, rows[-1])
                 if cfg.enable_replay_dpo:
@@ -115,7 +117,7 @@ class ComposerDataCollator:
                 tid = ex.get("trace_id") if isinstance(ex, Mapping) else None
                 raise ValueError(f"example {b} (trace_id={tid!r}): {e}") from e
         self.stats.examples += len(batch)
-        out, offsets = self._channel1(batch, rows)
+        out, offsets = self._channel1(batch, rows, rewards)
         if teachers:
             out.update(self._channel2(teachers, offsets))
         if pairs:
@@ -192,13 +194,8 @@ class ComposerDataCollator:
         index: dict[Any, int] = {}
         return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
 
-    def _channel1(self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]) -> tuple[dict[str, torch.Tensor], list[int]]:
-        rewards = []
-        for b, ex in enumerate(batch):
-            try:
-                rewards.append(self._reward(ex))
-            except ValueError as e:
-                raise ValueError(f"example {b}: {e}") from e
+    def _channel1(self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow],
+                  rewards: list[float]) -> tuple[dict[str, torch.Tensor], list[int]]:  # fmt: skip
         ids, offsets = pad_rows([r.ids for r in rows], self._pad_id, side=self._side)
         out = {"input_ids": ids, "attention_mask": pad_rows([[1] * len(r.ids) for r in rows], 0, side=self._side)[0],
                "response_mask": pad_rows([r.mask for r in rows], 0, side=self._side)[0],
