@@ -14,6 +14,7 @@ channel 2 copies into the teacher row (``batching.hinted_batch``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -56,14 +57,9 @@ __all__ = ["TraceTurn", "TraceExample", "TokenizerLike", "CollatorConfig", "Coll
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _StudentRow:
-    """A student row: ids, response mask, ``{assistant turn: (start, end)}`` spans (after truncation)."""
-
-    ids: list[int]
-    mask: list[int]
-    spans: dict[int, tuple[int, int]]
-    prompt_key: tuple[int, ...]
+# a student row: ids, response mask, ``{assistant turn: (start, end)}`` spans (after truncation), the ids before
+# its last response (the grouping key)
+_StudentRow = collections.namedtuple("_StudentRow", "ids mask spans prompt_key")
 
 
 @dataclass
