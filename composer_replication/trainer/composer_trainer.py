@@ -208,14 +208,11 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's ``log``, with the means of the channel metrics of this logging step (``composer/*``, only for a
         channel that ran; per process, like the rest of the local metrics)."""
-        store = self._channel_metrics["train" if self.model.training else "eval"]
-        if store:
-            keys = list(store)
-            device = store[keys[0]][0].device
+        mode = "train" if self.model.training else "eval"
+        if store := self._channel_metrics[mode]:
+            keys, device = list(store), next(iter(store.values()))[0].device
             means = torch.stack([torch.stack([v.to(device) for v in store[k]]).mean() for k in keys]).tolist()
-            mode_metrics = self._metrics["train" if self.model.training else "eval"]
-            for key, value in zip(keys, means):
-                mode_metrics[key] = [value]
+            self._metrics[mode].update({k: [v] for k, v in zip(keys, means)})
             store.clear()
         super().log(logs, start_time)
 

@@ -226,18 +226,15 @@ class ComposerDataCollator:
             ctx["error_kind"] = ctx.get("error_kind") or (str(err) if err else "other")
             for k, v in ctx.items():
                 sites.setdefault(site, {}).setdefault(k, v)
-        for site, ctx in sites.items():
-            if not ctx.get("tool_name"):
-                calls = [blk.name for blk in parse_action(msgs[site]["content"]) if blk.kind == "tool_use"]
-                if calls:
-                    ctx["tool_name"] = calls[0]
+        for site, ctx in sites.items():  # no tool named: the site's first call
+            calls = [] if ctx.get("tool_name") else parse_action(msgs[site]["content"])
+            ctx.update(next(({"tool_name": b.name} for b in calls if b.kind == "tool_use"), {}))
         return sites
 
     def _teacher_rows(self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]],
                       row: _StudentRow) -> list[tuple[HintedRow, int]]:  # fmt: skip
         out: list[tuple[HintedRow, int]] = []
-        cap = self.config.max_seq_len
-        generate = self.config.hint_generator
+        cap, generate = self.config.max_seq_len, self.config.hint_generator
         assert generate is not None
         for site, ctx in sorted(self._error_sites(turns, msgs).items()):
             self.stats.sdpo_sites += 1
@@ -250,8 +247,7 @@ class ComposerDataCollator:
                 self.stats.sdpo_sites_dropped += 1
                 continue
             ids, start = build_hinted_teacher_sequence(self.tokenizer, msgs[:site], str(hint), row.ids[s:e])
-            cut = max(0, len(ids) - cap)  # len(response) < cap, so the response survives whole
-            if cut:
+            if (cut := len(ids) - cap) > 0:  # len(response) < cap, so the response survives whole
                 self.stats.truncated_sdpo += 1
                 ids, start = ids[cut:], start - cut
             out.append((HintedRow(tuple(ids), start, b, 0), s))  # column fixed once the student batch is padded
