@@ -176,9 +176,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         index = torch.tensor(rows, device=device)
         with torch.no_grad(), ctx:
             for side in ("chosen", "rejected"):
-                lp = self._sequence_logprobs(ref_model, *(out[f"dpo_{side}_{k}"][index] for k in
-                                                          ("input_ids", "response_mask", "attention_mask")),
-                                             chunk_size=self.loss_config.chunk_size)
+                lp = self._side_logprobs(ref_model, out, side, index)
                 out[f"dpo_{side}_ref_logprobs"] = torch.zeros(len(pairs), device=device).index_copy(0, index, lp.float())
         return out
 
@@ -239,21 +237,19 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Sigmoid DPO over the rows that carry a pair (nonzero chosen and rejected response masks), policy
-        log-probs from :meth:`_sequence_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
+        log-probs from :meth:`_side_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
         rows = _rows(inputs, self.loss_config.beta_replay, "dpo_chosen_response_mask", "dpo_rejected_response_mask")
         if rows is None:
             return torch.zeros((), device=inputs["completion_ids"].device)
         policy = self.accelerator.unwrap_model(model)
-        logps = [self._sequence_logprobs(policy, *(inputs[f"dpo_{side}_{k}"][rows] for k in
-                                                   ("input_ids", "response_mask", "attention_mask")),
-                                         chunk_size=self.loss_config.chunk_size) for side in ("chosen", "rejected")]
+        logps = [self._side_logprobs(policy, inputs, side, rows) for side in ("chosen", "rejected")]
         loss, stats = dpo_loss(*logps, inputs["dpo_chosen_ref_logprobs"][rows], inputs["dpo_rejected_ref_logprobs"][rows],
                                beta=self.loss_config.replay_dpo_beta)
         self._record(**{("dpo" if k == "dpo/loss" else k): v for k, v in stats.items()}, **{"dpo/num_pairs": rows.numel()})
         return loss
 
-    @staticmethod
-    def _sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, response_mask: torch.Tensor,
-                           attention_mask: torch.Tensor | None = None, *, chunk_size: int | None = 1024) -> torch.Tensor:
-        """Summed response log-probs ``[P]`` of ``input_ids`` / masks ``[P, T]`` (``losses.sequence_logprobs_for``)."""
-        return sequence_logprobs_for(model, input_ids, response_mask, attention_mask, chunk_size=chunk_size)
+    def _side_logprobs(self, model: torch.nn.Module, batch: dict[str, Any], side: str, rows: torch.Tensor) -> torch.Tensor:
+        """Summed response log-probs ``[b]`` of rows ``rows`` of the ``dpo_{side}_*`` tensors ``[B, T]`` of ``batch``
+        (``losses.sequence_logprobs_for``)."""
+        ids, resp, attn = (batch[f"dpo_{side}_{k}"][rows] for k in ("input_ids", "response_mask", "attention_mask"))
+        return sequence_logprobs_for(model, ids, resp, attn, chunk_size=self.loss_config.chunk_size)
