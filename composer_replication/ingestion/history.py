@@ -73,8 +73,7 @@ class IngestionStats:
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, list):
-                for w in theirs or []:
-                    self.warn(w)
+                mine.extend(w for w in theirs or [] if w not in mine)
             elif isinstance(mine, dict):
                 mine.update({k: mine.get(k, 0) + v for k, v in theirs.items()})
             else:

@@ -101,8 +101,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.loss_config = LossConfig(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
                                       sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip,
                                       replay_dpo_beta=replay_dpo_beta, chunk_size=loss_chunk_size)
-        self._channel_metrics: dict[str, dict[str, list[torch.Tensor]]] = {"train": defaultdict(list),
-                                                                           "eval": defaultdict(list)}
+        self._channel_metrics = {m: defaultdict(list) for m in ("train", "eval")}  # mode -> key -> [device scalars]
         super().__init__(*args, **kwargs)
 
     def _set_signature_columns_if_needed(self) -> None:
@@ -141,16 +140,12 @@ class ComposerReplicationTrainer(GRPOTrainer):
         hinted = [[*_messages(p, i, "hint"), {"role": "user", "content": str(h)}] if h else p
                   for i, (p, h) in enumerate(zip(prompts, hints))]
         teacher_prompts = self._tokenize_prompts(hinted)[0]
-        ids, masks = [], []
+        ids, masks = [[] for _ in hints], [[] for _ in hints]  # empty: no hint, or a completion masked out entirely
         for i, hint in enumerate(hints):
-            n = int(comp[i].sum())
-            if not hint or n == 0:  # no hint, or a completion masked out entirely (e.g. truncated)
-                ids.append([])
-                masks.append([])
-                continue
-            prompt = list(teacher_prompts[i])
-            ids.append(prompt + output["completion_ids"][i, :n].tolist())
-            masks.append([0] * len(prompt) + own[i, :n].tolist())
+            if hint and (n := int(comp[i].sum())):
+                prompt = list(teacher_prompts[i])
+                ids[i] = prompt + output["completion_ids"][i, :n].tolist()
+                masks[i] = [0] * len(prompt) + own[i, :n].tolist()
         keys = ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")
         return dict(zip(keys, _padded(ids, masks, pad_id(self.processing_class), device)))
 

@@ -86,10 +86,9 @@ class ComposerDataCollator:
         if pad is None:
             raise ValueError("no pad id: the tokenizer has no pad_token_id/eos_token_id; set CollatorConfig.pad_token_id")
         self._pad_id = int(pad)
-        side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
-        if side not in ("left", "right"):
-            raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {side!r}")
-        self._side = side
+        self._side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
+        if self._side not in ("left", "right"):
+            raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {self._side!r}")
 
     def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
         """Collate ``batch`` into the contract's tensors (module docstring)."""
@@ -154,8 +153,7 @@ class ComposerDataCollator:
         if last_end - last_start >= cap:
             raise ValueError(f"the last assistant response has {last_end - last_start} tokens but max_seq_len={cap} "
                              "must exceed it (response + at least one context token); raise max_seq_len or drop it")
-        cut = max(0, len(ids) - cap)
-        if cut:
+        if (cut := len(ids) - cap) > 0:
             self.stats.truncated_policy += 1
             log.debug("collator: student row cut by %d tokens to max_seq_len=%d", cut, cap)
             ids = ids[cut:]
