@@ -276,9 +276,8 @@ class _Session:
                 continue
             lst, n, _, _, pending = self.history_after(first_parent)
             if pending:  # the previous turn's calls never got results: answer them with placeholders
-                lst = lst[:n] + [tool_message(cid, NO_RESULT) for cid in pending]
+                self._close(lst := lst[:n], pending)
                 n = len(lst)
-                st.n_missing_results += len(pending)
             messages = self.cfg.trim(lst, self.cache, n)
             failure = next(((self.call_names.get(c, ""), self.failed[c], errors.classify_tool_error(self.failed[c]))
                             for c in call_ids if c in self.failed), None)  # fmt: skip

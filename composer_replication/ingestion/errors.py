@@ -97,11 +97,7 @@ def looks_like_error(text: str) -> bool:
 def error_site(*, kind: str, message: str, tool_name: str, available_tools: list[str],
                tool_schema: dict | None = None, intent: str = "") -> HintContext:  # fmt: skip
     """The :class:`~composer_replication.types.HintContext` of one failed call (message cut to 2000 characters,
-    intent to 500).
-
-    Raises:
-        ValueError: ``kind`` is not one of ``ERROR_KINDS``.
-    """
+    intent to 500); ``ValueError`` when ``kind`` is not one of ``ERROR_KINDS``."""
     if kind not in ERROR_KINDS:
         raise ValueError(f"kind={kind!r} is not an error kind; use one of {ERROR_KINDS}")
     site: HintContext = {"error_kind": kind, "error_message": (message or "")[:2000], "tool_name": tool_name,

@@ -73,8 +73,7 @@ class IngestionStats:
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, list):
-                for w in theirs or []:
-                    self.warn(w)
+                mine.extend(w for w in theirs or [] if w not in mine)
             elif isinstance(mine, dict):
                 mine.update({k: mine.get(k, 0) + v for k, v in theirs.items()})
             else:
@@ -207,8 +206,7 @@ class BaseIngester:
         tokenizer: counts those tokens (a Hugging Face tokenizer or ``text -> int | list``); None: len / 4.
         redact: replace secrets in every message, tool call, result, action and error site (``ingestion.redact``).
 
-    Raises:
-        ValueError: ``max_history_tokens`` is not a positive number (or ``None``), or a bad ``tokenizer``.
+    ``ValueError`` when ``max_history_tokens`` is not a positive number (or ``None``), or for a bad ``tokenizer``.
     """
 
     source = ""
@@ -231,11 +229,8 @@ class BaseIngester:
 
     def ingest(self, path: str | Path) -> Iterator[TraceState]:
         """Yield one TraceState per assistant turn of ``path``, ``state_id = f"{path.stem}::{idx:04d}"``; fresh
-        ``self.last_stats`` filled as the file streams. A file that yields no state logs a warning.
-
-        Raises:
-            NestingTooDeep: the file nests deeper than Python's recursion limit.
-        """
+        ``self.last_stats`` filled as the file streams. A file that yields no state logs a warning;
+        ``NestingTooDeep`` when the file nests deeper than Python's recursion limit."""
         path = Path(path)
         stats = self.last_stats = IngestionStats()
         redact = Redactor(stats.redactions).text if self.redact else str

@@ -79,11 +79,8 @@ def _from_doc(doc: Any) -> list[tuple[list, dict]]:
 def probe_layout(path: Path) -> tuple[str, Any]:
     """How to stream ``path``, from its first JSON value, pruned as it streams: ``("object", key)`` (one object
     whose ``key`` list holds the messages), ``("messages" | "documents", None)`` (one list of messages / of
-    conversations), ``("lines", all_messages)`` (JSONL, or not one JSON value), ``("none" | "empty", None)``.
-
-    Raises:
-        reading.NestingTooDeep: the JSON nests deeper than Python's recursion limit.
-    """
+    conversations), ``("lines", all_messages)`` (JSONL, or not one JSON value), ``("none" | "empty", None)``;
+    ``reading.NestingTooDeep`` when the JSON nests deeper than Python's recursion limit."""
     if not reading.has_content(path):
         return "empty", None
     with reading.open_utf8(path, clean=True) as f:
@@ -149,11 +146,8 @@ def step_action(step: dict) -> str:
 
 
 class SWEAgentIngester(BaseIngester):
-    """A SWE-agent ``.traj`` -> TraceStates (``source="swe_agent"``), options as ``BaseIngester``.
-
-    Raises:
-        ValueError: the file is JSON but not an object.
-    """
+    """A SWE-agent ``.traj`` -> TraceStates (``source="swe_agent"``), options as ``BaseIngester``;
+    ``ValueError`` when the file is JSON but not an object."""
 
     source = "swe_agent"
 

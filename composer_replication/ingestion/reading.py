@@ -81,12 +81,9 @@ def loads(text: str | bytes, path: str | Path, where: str = "") -> Any:
 
 
 def iter_events(f: IO[bytes], path: str | Path) -> Iterator[tuple[str, Any]]:
-    """``ijson`` basic events ``(event, value)`` of every JSON value in ``f``, numbers as int/float.
-
-    Raises:
-        NestingTooDeep: a value nests deeper than the recursion limit (checked before it is built).
-        MalformedJSON: the text is not JSON (truncated, bad syntax).
-    """
+    """``ijson`` basic events ``(event, value)`` of every JSON value in ``f``, numbers as int/float;
+    ``NestingTooDeep`` when a value nests deeper than the recursion limit (checked before it is built),
+    ``MalformedJSON`` when the text is not JSON (truncated, bad syntax)."""
     limit, depth = sys.getrecursionlimit(), 0
     try:
         for event, value in ijson.basic_parse(f, multiple_values=True, use_float=True):
@@ -141,11 +138,8 @@ def prune(event: str, value: Any, events: Iterator[tuple[str, Any]], depth: int 
 def iter_jsonl(path: Path, stats: Any) -> Iterator[Any]:
     """The decoded lines of a JSONL file (any JSON type), streamed, never raising on bad content: blank lines
     are ignored, a line that does not decode (truncated, NUL garbage) and a 0-byte file count in
-    ``stats.skipped_truncated_lines`` (and ``n_records_total``).
-
-    Raises:
-        NestingTooDeep: a line nests deeper than the recursion limit (the file is unusable).
-    """
+    ``stats.skipped_truncated_lines`` (and ``n_records_total``); ``NestingTooDeep`` when a line nests deeper
+    than the recursion limit (the file is unusable)."""
     empty = True
     with open_utf8(path) as f:
         for n, raw in enumerate(f, 1):

@@ -106,11 +106,7 @@ def detect_format(path: str | Path) -> str:
 
 def make_ingester(format: str, **kwargs: Any) -> Any:
     """An ingester for ``format`` (a key of :data:`INGESTERS`) with ``kwargs`` (``skip_sidechain`` dropped but
-    for Claude Code).
-
-    Raises:
-        ValueError: an unknown ``format``.
-    """
+    for Claude Code); ``ValueError`` for an unknown ``format``."""
     if format not in INGESTERS:
         raise ValueError(f"format={format!r} is not a known trace format; use 'auto' or one of {', '.join(FORMATS)}")
     if format != "claude_code":
@@ -122,9 +118,6 @@ def ingest_any(path: str | Path, *, format: str = "auto", **kwargs: Any) -> Iter
     """Ingest ``path`` in any supported format (detected from its content when ``format="auto"``); ``kwargs``
     go to the ingester (``system_prompt``, ``max_history_tokens``, ``tokenizer``, ``strip_thinking``,
     ``skip_sidechain``, ``redact``: on by default). Detection and argument errors raise here, before the first
-    state; a file that yields no state logs a warning.
-
-    Raises:
-        ValueError: an unknown ``format``, or a file whose format is unsupported (:func:`detect_format`).
-    """
+    state (``ValueError``: an unknown ``format``, or an unsupported one, :func:`detect_format`); a file that
+    yields no state logs a warning."""
     return make_ingester(detect_format(path) if format == "auto" else format, **kwargs).ingest(Path(path))

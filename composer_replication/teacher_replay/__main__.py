@@ -178,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--agreement must be >= 1; got {args.agreement}.")
         check_distinct_files({"the states file": args.states, "--ledger": args.ledger, "--out": args.out,
                               "--results": args.results})
-        if args.ledger.is_dir():
-            raise ValueError(f"--ledger {args.ledger} is a folder; give a file path, e.g. {args.ledger / 'ledger.jsonl'}")
         normalizer = None
         if args.normalize is not None:
             from composer_replication.replaysim import DJNormalizer  # lazy: only with --normalize

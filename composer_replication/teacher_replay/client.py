@@ -158,8 +158,7 @@ class ChatCompletionsClient:
         if encoding not in ("", "identity") and not response.is_stream_consumed:
             raise _Failed(f"malformed response: Content-Encoding {encoding!r:.40} where identity was asked for "
                           f"(HTTP {status}); refused unread")
-        chunks = [response.content] if response.is_stream_consumed else None  # e.g. from httpx.MockTransport
-        async for chunk in response.aiter_raw() if chunks is None else _each(chunks):
+        async for chunk in response.aiter_bytes():  # identity: the raw bytes (or a read body, e.g. MockTransport's)
             size += len(chunk)
             if size > limit:
                 raise _Failed(f"response too large: over {limit} bytes (HTTP {status}); refused")
@@ -219,11 +218,6 @@ class ChatCompletionsClient:
         label = f"provider error {status} ({_meaning(status)})" if status else "provider error"
         shown = json.dumps(message, ensure_ascii=False) if message else "(no message)"
         raise _answered(status, self._clip(f"{label} {where}: {shown}"), self._usage(data))
-
-
-async def _each(items: list[bytes]) -> Any:
-    for item in items:
-        yield item
 
 
 def _answered(status: int | None, text: str, usage: Usage | None, retry_after: float | None = None) -> _Failed:

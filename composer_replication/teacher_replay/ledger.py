@@ -99,9 +99,10 @@ class _Tally:
             raise ValueError(f"unknown record kind {kind!r:.40}")
         self.records += 1
 
-    def add_lines(self, text: str, where: str) -> None:
+    def add_lines(self, raw: bytes, where: str) -> _Tally:
+        """Fold in every line of ``raw`` (bad ones skipped and counted in a warning); returns ``self``."""
         bad = 0
-        for line in text.splitlines():
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             if not line.strip():
                 continue
             try:
@@ -117,16 +118,13 @@ class _Tally:
         if self.damaged:
             log.warning("ledger %s: %d cached result(s) are damaged (wrong types, missing fields or text); "
                         "those calls are sent again", where, self.damaged)
+        return self
 
 
 def ledger_spend(path: str | os.PathLike[str]) -> float:
     """USD a ledger file records as spent (0 when absent); read-only and lock-free, the same fold."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        return 0.0
-    tally = _Tally()
-    tally.add_lines(path.read_bytes().decode("utf-8", errors="replace"), str(path))
-    return tally.spent_usd
+    return _Tally().add_lines(path.read_bytes(), str(path)).spent_usd if path.is_file() else 0.0
 
 
 class Ledger:
@@ -159,7 +157,7 @@ class Ledger:
             os.ftruncate(self._fh.fileno(), cut)
             os.fsync(self._fh.fileno())
             raw = raw[:cut]
-        self._tally.add_lines(raw.decode("utf-8", errors="replace"), str(self.path))
+        self._tally.add_lines(raw, str(self.path))
 
     @property
     def spent_usd(self) -> float:

@@ -28,11 +28,8 @@ __all__ = ["extract_dpo_pairs", "save_pairs", "load_pairs", "PairCollector"]
 def extract_dpo_pairs(states: Sequence[types.TraceState], teacher_actions: Sequence[types.TeacherCallResult],
                       agreement_threshold: int = 2, *, rejected_from_rollout: bool = False) -> list[types.PreferencePair]:
     """At most one :class:`~composer_replication.types.PreferencePair` per state, in ``states`` order (module
-    docstring); results with errors, empty replies or unknown state ids are ignored.
-
-    Raises:
-        ValueError: a threshold that is not an integer >= 1, or duplicate state ids.
-    """
+    docstring); results with errors, empty replies or unknown state ids are ignored. ``ValueError`` for a
+    threshold that is not an integer >= 1, or duplicate state ids."""
     if isinstance(agreement_threshold, bool) or not isinstance(agreement_threshold, int) or agreement_threshold < 1:
         raise ValueError(f"agreement_threshold must be an integer >= 1; got {agreement_threshold!r:.60}. "
                          "Use 2 (the default) to require two agreeing teachers.")

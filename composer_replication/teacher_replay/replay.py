@@ -96,10 +96,8 @@ class TeacherReplayer:
         temperature, seed = teacher.get("temperature", self.temperature), teacher.get("seed", self.seed)
         if teacher["slug"].startswith(roster.LOCAL_PREFIX):  # the hash must change with the values actually used
             temperature, seed = 0.7 if temperature is None else temperature, 0 if seed is None else seed
-        if temperature is not None:
-            body["temperature"] = float(temperature)
-        if seed is not None:
-            body["seed"] = int(seed)
+        body.update({k: cast(v) for k, v, cast in (("temperature", temperature, float), ("seed", seed, int))
+                     if v is not None})  # fmt: skip
         return body
 
     async def _attempt_local(self, teacher: TeacherSpec, body: dict[str, Any], state_id: str) -> AttemptOutcome:

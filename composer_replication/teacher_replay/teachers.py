@@ -106,6 +106,14 @@ def validate_teachers(teachers: Sequence[TeacherSpec]) -> list[TeacherSpec]:
     return out  # type: ignore[return-value]
 
 
+def _check_messages(state: Any) -> list[dict[str, Any]]:
+    messages = state.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError(f"state {state.get('state_id')!r}: 'messages' must be a list of chat-message dicts; "
+                         f"got {type(messages).__name__}.")
+    return messages
+
+
 def validate_states(states: Sequence[TraceState]) -> list[TraceState]:
     """``states`` as a list, after checking for dicts with unique string ``state_id``s and message lists."""
     if isinstance(states, (str, dict)):
@@ -114,10 +122,7 @@ def validate_states(states: Sequence[TraceState]) -> list[TraceState]:
     for i, s in enumerate(states):
         if not isinstance(s, dict) or not isinstance(s.get("state_id"), str):
             raise ValueError(f"states[{i}] must be a TraceState dict with a string 'state_id'; got {s!r:.200}.")
-        msgs = s.get("messages")
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-            raise ValueError(f"state {s['state_id']!r}: 'messages' must be a list of chat-message dicts; "
-                             f"got {type(msgs).__name__}.")
+        _check_messages(s)
         if s["state_id"] in seen:
             raise ValueError(f"state_id {s['state_id']!r} appears twice; state ids must be unique.")
         seen.add(s["state_id"])
@@ -159,11 +164,7 @@ def _render(message: dict[str, Any]) -> tuple[str, str]:
 def build_teacher_messages(state: TraceState, *, instruction: str = REPLAY_INSTRUCTION) -> list[dict[str, str]]:
     """The plain-text chat messages a teacher is sent for ``state`` (module docstring); ``state["tools"]``,
     when present, is listed in the instruction. ``ValueError`` when ``messages`` is not a list of dicts."""
-    messages = state.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValueError(f"state {state.get('state_id')!r}: 'messages' must be a list of chat-message dicts; "
-                         f"got {type(messages).__name__}.")
-    system = instruction
+    messages, system = _check_messages(state), instruction
     if state.get("tools"):
         system += "\nTools available in this session: " + ", ".join(map(str, state["tools"])) + "."
     out = [{"role": "system", "content": system}]

@@ -9,15 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from composer_replication.trainer.collator_config import CollatorConfig, CollatorStats, TraceExample
 from composer_replication.trainer.convert import trace_states_to_examples
-from composer_replication.trainer.data_collator import (
-    CollatorConfig,
-    CollatorStats,
-    ComposerDataCollator,
-    TokenizerLike,
-    TraceExample,
-    TraceTurn,
-)
+from composer_replication.trainer.data_collator import ComposerDataCollator, TokenizerLike, TraceTurn
 
 __all__ = ["CollatorConfig", "CollatorStats", "ComposerDataCollator", "TokenizerLike", "TraceExample",
            "TraceTurn", "trace_states_to_examples", "ComposerReplicationTrainer"]

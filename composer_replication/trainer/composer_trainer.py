@@ -51,9 +51,11 @@ DPO_REJECTED_COLUMN = "dpo_rejected"
 _INSTALL = "pip install composer-replication[trl]"
 
 
-def _pad(seqs: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
-    """``[B, max(len)]`` long, right-padded with ``fill`` (at least one column; rows may be empty)."""
-    return pad_rows(seqs, fill)[0].to(device)
+def _padded(ids: list[list[int]], masks: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(ids, attention mask, masks)``, each ``[B, max(len)]`` long, right-padded (at least one column; rows
+    may be empty)."""
+    rows = ((ids, pad), ([[1] * len(s) for s in ids], 0), (masks, 0))
+    return tuple(pad_rows(r, fill)[0].to(device) for r, fill in rows)
 
 
 def _messages(prompt: Any, row: int, what: str) -> list[dict]:
@@ -61,6 +63,15 @@ def _messages(prompt: Any, row: int, what: str) -> list[dict]:
         raise ValueError(f"row {row} has a {what} but its prompt is not conversational (a list of messages); "
                          "channels 2 and 3 need chat prompts so the hint / DPO responses follow the chat template")
     return list(prompt)
+
+
+def _rows(inputs: dict[str, Any], weight: float, *masks: str) -> torch.Tensor | None:
+    """Indices ``[b]`` of the rows where every one of ``masks`` (``[B, T]``) has a 1; None when the channel's
+    ``weight`` is 0, a mask is absent, or no row qualifies."""
+    if weight == 0 or any(m not in inputs for m in masks):
+        return None
+    rows = torch.stack([inputs[m].any(-1) for m in masks]).all(0).nonzero().squeeze(-1)
+    return rows if rows.numel() else None
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
@@ -82,25 +93,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
         ``loss.`` key), or a batch with images while a channel runs (channels 2 and 3 pass token ids only).
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        alpha_sdpo: float = 0.1,
-        beta_replay: float = 0.05,
-        sdpo_jsd_beta: float = 0.5,
-        sdpo_temperature: float = 1.0,
-        sdpo_token_clip: float | None = None,
-        replay_dpo_beta: float = 0.1,
-        loss_chunk_size: int | None = 1024,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, alpha_sdpo: float = 0.1, beta_replay: float = 0.05, sdpo_jsd_beta: float = 0.5,
+                 sdpo_temperature: float = 1.0, sdpo_token_clip: float | None = None, replay_dpo_beta: float = 0.1,
+                 loss_chunk_size: int | None = 1024, **kwargs: Any) -> None:  # fmt: skip
         if not _TRL_AVAILABLE:
             raise ImportError(f"ComposerReplicationTrainer needs trl (a TRL GRPOTrainer subclass): {_INSTALL}")
         self.loss_config = LossConfig(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
                                       sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip,
                                       replay_dpo_beta=replay_dpo_beta, chunk_size=loss_chunk_size)
-        self._channel_metrics: dict[str, dict[str, list[torch.Tensor]]] = {"train": defaultdict(list),
-                                                                           "eval": defaultdict(list)}
+        self._channel_metrics = {m: defaultdict(list) for m in ("train", "eval")}  # mode -> key -> [device scalars]
         super().__init__(*args, **kwargs)
 
     def _set_signature_columns_if_needed(self) -> None:
@@ -109,9 +110,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         extra = [c for c in (HINT_COLUMN, DPO_CHOSEN_COLUMN, DPO_REJECTED_COLUMN) if c not in self._signature_columns]
         self._signature_columns = [*self._signature_columns, *extra]
 
-    # ------------------------------------------------------------------------------------------
-    # Data path: attach the channel-2/3 tensors to the generation batch (sliced by _prepare_inputs)
-    # ------------------------------------------------------------------------------------------
+    # --- data path: attach the channel-2/3 tensors to the generation batch (sliced by _prepare_inputs) ---
     def _generate(self, prompts: list):
         """TRL's generation; records the prompts it renders (after environment resets) for the channel rows."""
         self._rollout_prompts = prompts
@@ -141,19 +140,14 @@ class ComposerReplicationTrainer(GRPOTrainer):
         hinted = [[*_messages(p, i, "hint"), {"role": "user", "content": str(h)}] if h else p
                   for i, (p, h) in enumerate(zip(prompts, hints))]
         teacher_prompts = self._tokenize_prompts(hinted)[0]
-        ids, masks = [], []
+        ids, masks = [[] for _ in hints], [[] for _ in hints]  # empty: no hint, or a completion masked out entirely
         for i, hint in enumerate(hints):
-            n = int(comp[i].sum())
-            if not hint or n == 0:  # no hint, or a completion masked out entirely (e.g. truncated)
-                ids.append([])
-                masks.append([])
-                continue
-            prompt = list(teacher_prompts[i])
-            ids.append(prompt + output["completion_ids"][i, :n].tolist())
-            masks.append([0] * len(prompt) + own[i, :n].tolist())
-        return {"ctx_teacher_input_ids": _pad(ids, pad_id(self.processing_class), device),
-                "ctx_teacher_attention_mask": _pad([[1] * len(s) for s in ids], 0, device),
-                "sdpo_loss_mask": _pad(masks, 0, device)}
+            if hint and (n := int(comp[i].sum())):
+                prompt = list(teacher_prompts[i])
+                ids[i] = prompt + output["completion_ids"][i, :n].tolist()
+                masks[i] = [0] * len(prompt) + own[i, :n].tolist()
+        keys = ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask")
+        return dict(zip(keys, _padded(ids, masks, pad_id(self.processing_class), device)))
 
     def _dpo_tensors(self, pairs: list[tuple[Any, Any]], output: dict[str, Any]) -> dict[str, torch.Tensor]:
         """``student prompt + response`` rows for chosen and rejected ``[B, T*]``, reference log-probs ``[B]``."""
@@ -171,16 +165,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
                 response = build_response_ids(tok, pairs[i][k])
                 seqs[i], masks[i] = prompt + response, [0] * len(prompt) + [1] * len(response)
-            out[f"dpo_{side}_input_ids"] = _pad(seqs, pad_id(tok), device)
-            out[f"dpo_{side}_attention_mask"] = _pad([[1] * len(s) for s in seqs], 0, device)
-            out[f"dpo_{side}_response_mask"] = _pad(masks, 0, device)
+            keys = (f"dpo_{side}_input_ids", f"dpo_{side}_attention_mask", f"dpo_{side}_response_mask")
+            out.update(zip(keys, _padded(seqs, masks, pad_id(tok), device)))
         ref_model, ctx = self._dpo_reference()
         index = torch.tensor(rows, device=device)
         with torch.no_grad(), ctx:
             for side in ("chosen", "rejected"):
-                lp = self._sequence_logprobs(ref_model, *(out[f"dpo_{side}_{k}"][index] for k in
-                                                          ("input_ids", "response_mask", "attention_mask")),
-                                             chunk_size=self.loss_config.chunk_size)
+                lp = self._side_logprobs(ref_model, out, side, index)
                 out[f"dpo_{side}_ref_logprobs"] = torch.zeros(len(pairs), device=device).index_copy(0, index, lp.float())
         return out
 
@@ -193,9 +184,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             return model, use_adapter(model, "ref" if "ref" in model.peft_config else None)
         return model, nullcontext()
 
-    # ------------------------------------------------------------------------------------------
-    # Loss and metrics
-    # ------------------------------------------------------------------------------------------
+    # --- loss and metrics ---
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """``LossConfig.combine(grpo, sdpo, dpo, shares=(1, 1/GA, 1/GA))`` (TRL's GRPO loss is already scaled)."""
         grpo = super()._compute_loss(model, inputs)
@@ -212,14 +201,11 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's ``log``, with the means of the channel metrics of this logging step (``composer/*``, only for a
         channel that ran; per process, like the rest of the local metrics)."""
-        store = self._channel_metrics["train" if self.model.training else "eval"]
-        if store:
-            keys = list(store)
-            device = store[keys[0]][0].device
+        mode = "train" if self.model.training else "eval"
+        if store := self._channel_metrics[mode]:
+            keys, device = list(store), next(iter(store.values()))[0].device
             means = torch.stack([torch.stack([v.to(device) for v in store[k]]).mean() for k in keys]).tolist()
-            mode_metrics = self._metrics["train" if self.model.training else "eval"]
-            for key, value in zip(keys, means):
-                mode_metrics[key] = [value]
+            self._metrics[mode].update({k: [v] for k, v in zip(keys, means)})
             store.clear()
         super().log(logs, start_time)
 
@@ -231,12 +217,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         Returns a scalar, ``0`` when the channel is off or no row has a hint; ``ValueError`` (from the library)
         when a row's student and teacher tokens differ.
         """
-        zero = torch.zeros((), device=inputs["completion_ids"].device)
-        if self.loss_config.alpha_sdpo == 0 or "sdpo_loss_mask" not in inputs:
-            return zero
-        rows = inputs["sdpo_loss_mask"].any(-1).nonzero().squeeze(-1)
-        if rows.numel() == 0:
-            return zero
+        rows = _rows(inputs, self.loss_config.alpha_sdpo, "sdpo_loss_mask")
+        if rows is None:
+            return torch.zeros((), device=inputs["completion_ids"].device)
         prompt_mask, comp = inputs["prompt_mask"], inputs["completion_mask"]
         own = comp * inputs["tool_mask"] if "tool_mask" in inputs else comp
         sub = {"input_ids": torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)[rows],  # [b, Tp + Tc]
@@ -249,31 +232,19 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Sigmoid DPO over the rows that carry a pair (nonzero chosen and rejected response masks), policy
-        log-probs from :meth:`_sequence_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
-        zero = torch.zeros((), device=inputs["completion_ids"].device)
-        if self.loss_config.beta_replay == 0 or "dpo_chosen_input_ids" not in inputs:
-            return zero
-        rows = (inputs["dpo_chosen_response_mask"].any(-1) & inputs["dpo_rejected_response_mask"].any(-1)).nonzero()
-        rows = rows.squeeze(-1)
-        if rows.numel() == 0:
-            return zero
+        log-probs from :meth:`_side_logprobs`; a scalar, ``0`` when the channel is off or no row has a pair."""
+        rows = _rows(inputs, self.loss_config.beta_replay, "dpo_chosen_response_mask", "dpo_rejected_response_mask")
+        if rows is None:
+            return torch.zeros((), device=inputs["completion_ids"].device)
         policy = self.accelerator.unwrap_model(model)
-        logps = [self._sequence_logprobs(policy, *(inputs[f"dpo_{side}_{k}"][rows] for k in
-                                                   ("input_ids", "response_mask", "attention_mask")),
-                                         chunk_size=self.loss_config.chunk_size) for side in ("chosen", "rejected")]
+        logps = [self._side_logprobs(policy, inputs, side, rows) for side in ("chosen", "rejected")]
         loss, stats = dpo_loss(*logps, inputs["dpo_chosen_ref_logprobs"][rows], inputs["dpo_rejected_ref_logprobs"][rows],
                                beta=self.loss_config.replay_dpo_beta)
         self._record(**{("dpo" if k == "dpo/loss" else k): v for k, v in stats.items()}, **{"dpo/num_pairs": rows.numel()})
         return loss
 
-    @staticmethod
-    def _sequence_logprobs(
-        model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        chunk_size: int | None = 1024,
-    ) -> torch.Tensor:
-        """Summed response log-probs ``[P]`` of ``input_ids`` / masks ``[P, T]`` (``losses.sequence_logprobs_for``)."""
-        return sequence_logprobs_for(model, input_ids, response_mask, attention_mask, chunk_size=chunk_size)
+    def _side_logprobs(self, model: torch.nn.Module, batch: dict[str, Any], side: str, rows: torch.Tensor) -> torch.Tensor:
+        """Summed response log-probs ``[b]`` of rows ``rows`` of the ``dpo_{side}_*`` tensors ``[B, T]`` of ``batch``
+        (``losses.sequence_logprobs_for``)."""
+        ids, resp, attn = (batch[f"dpo_{side}_{k}"][rows] for k in ("input_ids", "response_mask", "attention_mask"))
+        return sequence_logprobs_for(model, ids, resp, attn, chunk_size=self.loss_config.chunk_size)

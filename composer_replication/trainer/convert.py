@@ -45,11 +45,8 @@ def _check_pairs(pairs: Iterable[Any]) -> list[Mapping[str, Any]]:
 def trace_state_to_example(state: TraceState, *, pairs: Sequence[DPOPair] | None = None,
                            reward: float | None = None) -> TraceExample:
     """One :class:`TraceState` as a :class:`TraceExample` (module docstring); ``pairs`` with its ``state_id``
-    attach, ``reward`` becomes ``final_reward`` (omitted when ``None``).
-
-    Raises:
-        ValueError: a missing field, no messages, an unknown role, a pair without ``state_id``, a non-finite reward.
-    """
+    attach, ``reward`` becomes ``final_reward`` (omitted when ``None``). ``ValueError`` for a missing field, no
+    messages, an unknown role, a pair without ``state_id``, a non-finite reward."""
     if not isinstance(state, Mapping):
         raise ValueError(f"state must be a TraceState dict, got {type(state).__name__}")
     sid, action = state.get("state_id"), recorded_action(state)

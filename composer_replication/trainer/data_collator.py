@@ -14,6 +14,7 @@ channel 2 copies into the teacher row (``batching.hinted_batch``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -56,14 +57,9 @@ __all__ = ["TraceTurn", "TraceExample", "TokenizerLike", "CollatorConfig", "Coll
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _StudentRow:
-    """A student row: ids, response mask, ``{assistant turn: (start, end)}`` spans (after truncation)."""
-
-    ids: list[int]
-    mask: list[int]
-    spans: dict[int, tuple[int, int]]
-    prompt_key: tuple[int, ...]
+# a student row: ids, response mask, ``{assistant turn: (start, end)}`` spans (after truncation), the ids before
+# its last response (the grouping key)
+_StudentRow = collections.namedtuple("_StudentRow", "ids mask spans prompt_key")
 
 
 @dataclass
@@ -82,9 +78,7 @@ class ComposerDataCollator:
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.tokenizer, "apply_chat_template", None)):
-            raise ValueError(
-                f"tokenizer must provide apply_chat_template, got {type(self.tokenizer).__name__}"
-            )
+            raise ValueError(f"tokenizer must provide apply_chat_template, got {type(self.tokenizer).__name__}")
         self._eot = end_of_turn_id(self.tokenizer)
         self._eot_text = self.tokenizer.decode([self._eot])
         pad = next((p for p in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None),
@@ -92,10 +86,9 @@ class ComposerDataCollator:
         if pad is None:
             raise ValueError("no pad id: the tokenizer has no pad_token_id/eos_token_id; set CollatorConfig.pad_token_id")
         self._pad_id = int(pad)
-        side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
-        if side not in ("left", "right"):
-            raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {side!r}")
-        self._side = side
+        self._side = self.config.padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
+        if self._side not in ("left", "right"):
+            raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {self._side!r}")
 
     def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
         """Collate ``batch`` into the contract's tensors (module docstring)."""
@@ -103,12 +96,14 @@ class ComposerDataCollator:
             raise ValueError(f"batch must be a non-empty list of TraceExample dicts, got {batch!r:.80}")
         cfg = self.config
         rows: list[_StudentRow] = []
+        rewards: list[float] = []
         teachers: list[tuple[HintedRow, int]] = []
         pairs: list[TokenizedPair] = []
         for b, ex in enumerate(batch):
             try:
                 msgs, turns = self._messages(ex)
                 rows.append(self._student_row(msgs))
+                rewards.append(self._reward(ex))
                 if cfg.enable_sdpo and cfg.hint_generator is not None:
                     teachers += self._teacher_rows(b, turns, msgs, rows[-1])
                 if cfg.enable_replay_dpo:
@@ -117,7 +112,7 @@ class ComposerDataCollator:
                 tid = ex.get("trace_id") if isinstance(ex, Mapping) else None
                 raise ValueError(f"example {b} (trace_id={tid!r}): {e}") from e
         self.stats.examples += len(batch)
-        out, offsets = self._channel1(batch, rows)
+        out, offsets = self._channel1(batch, rows, rewards)
         if teachers:
             out.update(self._channel2(teachers, offsets))
         if pairs:
@@ -158,8 +153,7 @@ class ComposerDataCollator:
         if last_end - last_start >= cap:
             raise ValueError(f"the last assistant response has {last_end - last_start} tokens but max_seq_len={cap} "
                              "must exceed it (response + at least one context token); raise max_seq_len or drop it")
-        cut = max(0, len(ids) - cap)
-        if cut:
+        if (cut := len(ids) - cap) > 0:
             self.stats.truncated_policy += 1
             log.debug("collator: student row cut by %d tokens to max_seq_len=%d", cut, cap)
             ids = ids[cut:]
@@ -194,15 +188,8 @@ class ComposerDataCollator:
         index: dict[Any, int] = {}
         return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
 
-    def _channel1(
-        self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow]
-    ) -> tuple[dict[str, torch.Tensor], list[int]]:
-        rewards = []
-        for b, ex in enumerate(batch):
-            try:
-                rewards.append(self._reward(ex))
-            except ValueError as e:
-                raise ValueError(f"example {b}: {e}") from e
+    def _channel1(self, batch: Sequence[Mapping[str, Any]], rows: list[_StudentRow],
+                  rewards: list[float]) -> tuple[dict[str, torch.Tensor], list[int]]:  # fmt: skip
         ids, offsets = pad_rows([r.ids for r in rows], self._pad_id, side=self._side)
         out = {"input_ids": ids, "attention_mask": pad_rows([[1] * len(r.ids) for r in rows], 0, side=self._side)[0],
                "response_mask": pad_rows([r.mask for r in rows], 0, side=self._side)[0],
@@ -237,19 +224,15 @@ class ComposerDataCollator:
             ctx["error_kind"] = ctx.get("error_kind") or (str(err) if err else "other")
             for k, v in ctx.items():
                 sites.setdefault(site, {}).setdefault(k, v)
-        for site, ctx in sites.items():
-            if not ctx.get("tool_name"):
-                calls = [blk.name for blk in parse_action(msgs[site]["content"]) if blk.kind == "tool_use"]
-                if calls:
-                    ctx["tool_name"] = calls[0]
+        for site, ctx in sites.items():  # no tool named: the site's first call
+            calls = [] if ctx.get("tool_name") else parse_action(msgs[site]["content"])
+            ctx.update(next(({"tool_name": b.name} for b in calls if b.kind == "tool_use"), {}))
         return sites
 
-    def _teacher_rows(
-        self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]], row: _StudentRow
-    ) -> list[tuple[HintedRow, int]]:
+    def _teacher_rows(self, b: int, turns: list[Mapping[str, Any]], msgs: list[dict[str, str]],
+                      row: _StudentRow) -> list[tuple[HintedRow, int]]:  # fmt: skip
         out: list[tuple[HintedRow, int]] = []
-        cap = self.config.max_seq_len
-        generate = self.config.hint_generator
+        cap, generate = self.config.max_seq_len, self.config.hint_generator
         assert generate is not None
         for site, ctx in sorted(self._error_sites(turns, msgs).items()):
             self.stats.sdpo_sites += 1
@@ -262,8 +245,7 @@ class ComposerDataCollator:
                 self.stats.sdpo_sites_dropped += 1
                 continue
             ids, start = build_hinted_teacher_sequence(self.tokenizer, msgs[:site], str(hint), row.ids[s:e])
-            cut = max(0, len(ids) - cap)  # len(response) < cap, so the response survives whole
-            if cut:
+            if (cut := len(ids) - cap) > 0:  # len(response) < cap, so the response survives whole
                 self.stats.truncated_sdpo += 1
                 ids, start = ids[cut:], start - cut
             out.append((HintedRow(tuple(ids), start, b, 0), s))  # column fixed once the student batch is padded
