@@ -15,10 +15,9 @@ the candidate's can vote on its own result (an ``__eq__`` that always returns ``
 - :func:`make_checker` builds, in the child, the functions the rewritten tests call. Everything
   they use is bound when it is built, before the candidate's code runs, so that patching
   ``builtins`` or a module cannot change them.
-- Parent side: :func:`parse_records` reads the child's nonce-tagged records (Python literals:
-  ``('start', limits)``, ``('load', phase, error type, text)``, ``('check', test, site, ((leaf,
-  value), ...))``, ``('end', test, error type or None, text)`` and ``('done',)``); :func:`summarize`
-  judges them: a test passes when it reported an end without error and every assert it reported
+- Parent side: :func:`summarize` judges the child's records (Python literals: ``('start',
+  limits)``, ``('load', phase, error type, text)``, ``('check', test, site, ((leaf, value), ...))``,
+  ``('end', test, error type or None, text)`` and ``('done',)``): a test passes when it reported an end without error and every assert it reported
   holds when :func:`judge_check` re-evaluates it, with the structure the parent derives itself from
   the tests' source (:func:`rewrite_tests`), on the decoded values.
 """
@@ -61,12 +60,8 @@ def _is_identity(node: ast.Compare) -> bool:
 
 
 class _Rewriter(ast.NodeTransformer):
-    """Turns ``assert E, M`` into ``__cr_begin__(k); if not __cr_assert__(k, E'): raise AssertionError(...)``.
-
-    Operands of comparisons, arithmetic (``f(x) - want`` cannot be an object whose ``__sub__``
-    lies), unary operators, ``and`` / ``or``, ``abs``, and branch conditions (no ``__bool__``
-    decides a branch) are wrapped in ``__cr_plain__``.
-    """
+    """Turns ``assert E, M`` into ``__cr_begin__(k); if not __cr_assert__(k, E'): raise AssertionError(...)``;
+    operands elsewhere (``f(x) - want``, ``abs(...)``, ``if`` conditions...) into ``__cr_plain__(...)``."""
 
     def __init__(self) -> None:
         self.sites: list[object] = []
@@ -267,9 +262,7 @@ def make_flusher(emit: Callable[[str], None], take: Callable[[], object]) -> Cal
     _BaseException, _ValueError = BaseException, ValueError
 
     def one(name: str, entry: object) -> str:
-        if _type(entry) is not _tuple or _len(entry) != 2 or _type(entry[0]) is not _int:
-            raise _ValueError
-        if _type(entry[1]) is not _tuple:
+        if _type(entry) is not _tuple or _len(entry) != 2 or _type(entry[0]) is not _int or _type(entry[1]) is not _tuple:
             raise _ValueError
         parts = []
         for pair in entry[1]:
@@ -297,21 +290,6 @@ def make_flusher(emit: Callable[[str], None], take: Callable[[], object]) -> Cal
 
 
 # ---------------------------------------------------------------------------- parent side
-
-
-def parse_records(raw: bytes, nonce: str) -> list[tuple]:
-    """The nonce-tagged Python-literal lines of the child; anything else is ignored."""
-    records, tag = [], (nonce + " ").encode()
-    for line in raw.split(b"\n"):
-        if not line.startswith(tag) or len(line) > (4 << 20):
-            continue
-        try:
-            rec = ast.literal_eval(line[len(tag) :].decode("utf-8", errors="replace"))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        if isinstance(rec, tuple) and rec and isinstance(rec[0], str):
-            records.append(rec)
-    return records
 
 
 def summarize(records: list[tuple], names: list[str], sites: list, raw: dict, timeout_s: float) -> dict:

