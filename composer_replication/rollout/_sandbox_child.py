@@ -1,18 +1,17 @@
 """Child side of :mod:`composer_replication.rollout.sandbox` (stdlib only; run as a script, never imported).
 
-Run as ``python -I -S -B _sandbox_child.py`` with the configuration (JSON) on standard input, inside
-bubblewrap when the OS allows (the first layer). In order: read the configuration, set
-resource limits (soft = hard, so they cannot be raised again), bind every function the run needs
-(before any candidate code runs), install the audit hook (the last layer), run the solution in
-one namespace, then each top-level ``test_*`` function, rewritten by :mod:`._sandbox_facts`, in a
-namespace of its own with pristine builtins. Records, one Python literal per line prefixed by a
-nonce, go to a pipe the parent reads; the parent, not this process, decides which tests passed.
+Run as ``python -I -S -B _sandbox_child.py`` with the configuration (JSON) on standard input, inside bubblewrap
+when the OS allows (the first layer). In order: read the configuration, set resource limits (soft = hard, so
+they cannot be raised again), bind every function the run needs (before any candidate code runs), install the
+audit hook (the last layer), run the solution in one namespace, then each top-level ``test_*`` function,
+rewritten by :mod:`._sandbox_facts`, in a namespace of its own with pristine builtins. Records, one Python
+literal per line prefixed by a nonce, go to a pipe the parent reads; the parent decides which tests passed.
 
-The audit hook's tables are frozensets and its state lives in closures: nothing the candidate can
-reach (``__main__``, ``sys.modules``) holds them. It refuses process creation, signals, threads,
-sockets, frame and garbage-collector introspection, ``ctypes`` and ``_test*`` modules, new audit
-hooks, tracing, building code objects, opening ``/proc``, and changes to paths outside the working
-directory. It is the only barrier where the OS refuses namespaces, a best-effort one.
+The audit hook's tables are frozensets and its state lives in closures: nothing the candidate can reach
+(``__main__``, ``sys.modules``) holds them. It refuses process creation, signals, threads, sockets, frame and
+garbage-collector introspection, ``ctypes`` and ``_test*`` modules, new audit hooks, tracing, building code
+objects, opening ``/proc``, and changes to paths outside the working directory. It is the only barrier where
+the OS refuses namespaces, a best-effort one.
 """
 
 import ast
@@ -27,8 +26,8 @@ import types
 
 def _load_facts():
     """Import ``_sandbox_facts`` from beside this file, without leaving it in ``sys.modules``."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_facts.py")
-    spec = importlib.util.spec_from_file_location("_cr_sandbox_facts", path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("_cr_sandbox_facts", os.path.join(here, "_sandbox_facts.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -295,8 +294,7 @@ def main():
     try:
         _exec(_compile_at(solution_src, "solution.py", SOLUTION_LINE0), solution_ns)
         tests_ns = {k: v for k, v in _items(_dict(solution_ns)) if k[:2] != "__" and k not in pristine}
-        tests_ns.update(helpers)
-        tests_ns.update({"__name__": "tests", "__builtins__": _dict(pristine)})
+        tests_ns.update(helpers, __name__="tests", __builtins__=_dict(pristine))
     except _BaseException as e:  # noqa: BLE001 - the candidate's failure is the result
         emit("('load','solution',{},{})".format(*fmt(e)))
         _exit(0)

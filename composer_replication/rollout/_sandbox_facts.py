@@ -3,23 +3,22 @@
 A test passes when the *parent* says so, from plain data the child reported, so that no object of
 the candidate's can vote on its own result (an ``__eq__`` that always returns ``True``, say).
 
-- :func:`rewrite_tests` rewrites every ``assert`` of the tests. Each operand of a comparison, each
-  operand of ``not`` / ``and`` / ``or`` and any other asserted expression becomes a *leaf*: the child
-  checks that its value is plain data (exact types ``None``, ``bool``, ``int``, ``float``,
-  ``complex``, ``str``, ``bytes``, and ``list`` / ``tuple`` / ``dict`` / ``set`` / ``frozenset`` of
-  plain data; subclasses are refused), reports it serialized, and evaluates the assert on it.
-  ``x is y`` / ``x is not y`` is one leaf (identity cannot be faked). Elsewhere in the tests,
-  comparisons, arithmetic and unary operands, ``and`` / ``or`` operands, the conditions of ``if`` /
-  ``while`` / ``x if c else y`` and the argument of ``abs`` must be plain data too (``TypeError``
-  otherwise): no method of the candidate's objects decides them.
-- :func:`make_checker` builds, in the child, the functions the rewritten tests call. Everything
-  they use is bound when it is built, before the candidate's code runs, so that patching
-  ``builtins`` or a module cannot change them.
-- Parent side: :func:`summarize` judges the child's records (Python literals: ``('start',
-  limits)``, ``('load', phase, error type, text)``, ``('check', test, site, ((leaf, value), ...))``,
-  ``('end', test, error type or None, text)`` and ``('done',)``): a test passes when it reported an end without error and every assert it reported
-  holds when :func:`judge_check` re-evaluates it, with the structure the parent derives itself from
-  the tests' source (:func:`rewrite_tests`), on the decoded values.
+- :func:`rewrite_tests` rewrites every ``assert`` of the tests. Each operand of a comparison, each operand of
+  ``not`` / ``and`` / ``or`` and any other asserted expression becomes a *leaf*: the child checks that its
+  value is plain data (exact types ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
+  and ``list`` / ``tuple`` / ``dict`` / ``set`` / ``frozenset`` of plain data; subclasses are refused),
+  reports it serialized, and evaluates the assert on it. ``x is y`` / ``x is not y`` is one leaf (identity
+  cannot be faked). Elsewhere in the tests, comparisons, arithmetic and unary operands, ``and`` / ``or``
+  operands, the conditions of ``if`` / ``while`` / ``x if c else y`` and the argument of ``abs`` must be
+  plain data too (``TypeError`` otherwise): no method of the candidate's objects decides them.
+- :func:`make_checker` builds, in the child, the functions the rewritten tests call. Everything they use is
+  bound when it is built, before the candidate's code runs, so that patching ``builtins`` or a module cannot
+  change them.
+- Parent side: :func:`summarize` judges the child's records (Python literals: ``('start', limits)``,
+  ``('load', phase, error type, text)``, ``('check', test, site, ((leaf, value), ...))``, ``('end', test,
+  error type or None, text)`` and ``('done',)``): a test passes when it reported an end without error and
+  every assert it reported holds when :func:`judge_check` re-evaluates it, with the structure the parent
+  derives itself from the tests' source (:func:`rewrite_tests`), on the decoded values.
 """
 
 from __future__ import annotations
@@ -59,6 +58,10 @@ def _is_identity(node: ast.Compare) -> bool:
     return len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot))
 
 
+_PLAIN_FIELDS = {ast.BinOp: ("left", "right"), ast.UnaryOp: ("operand",), ast.BoolOp: ("values",),
+                 ast.If: ("test",), ast.While: ("test",), ast.IfExp: ("test",)}  # fmt: skip
+
+
 class _Rewriter(ast.NodeTransformer):
     """Turns ``assert E, M`` into ``__cr_begin__(k); if not __cr_assert__(k, E'): raise AssertionError(...)``;
     operands elsewhere (``f(x) - want``, ``abs(...)``, ``if`` conditions...) into ``__cr_plain__(...)``."""
@@ -72,27 +75,12 @@ class _Rewriter(ast.NodeTransformer):
             node.left, *node.comparators = _plain(node.left, *node.comparators)
         return node
 
-    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
-        self.generic_visit(node)
-        node.left, node.right = _plain(node.left, node.right)
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for name in _PLAIN_FIELDS.get(type(node), ()):
+            value = getattr(node, name)
+            setattr(node, name, _plain(*value) if isinstance(value, list) else _plain(value)[0])
         return node
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
-        self.generic_visit(node)
-        (node.operand,) = _plain(node.operand)
-        return node
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> ast.expr:
-        self.generic_visit(node)
-        node.values = _plain(*node.values)
-        return node
-
-    def _plain_test(self, node: ast.If | ast.While | ast.IfExp) -> ast.AST:
-        self.generic_visit(node)
-        (node.test,) = _plain(node.test)
-        return node
-
-    visit_If = visit_While = visit_IfExp = _plain_test
 
     def visit_Call(self, node: ast.Call) -> ast.expr:
         self.generic_visit(node)
@@ -101,10 +89,9 @@ class _Rewriter(ast.NodeTransformer):
         return node
 
     def visit_Assert(self, node: ast.Assert) -> list[ast.stmt]:
-        k = len(self.sites)
-        self.sites.append(None)
+        k = len(self.sites)  # no assert nests in another's expressions
         shape, expr = self._shape(node.test, k, [0])
-        self.sites[k] = shape
+        self.sites.append(shape)
         msg_args: list[ast.expr] = [ast.Constant(k), ast.Constant(ast.unparse(node.test)[:300])]
         if node.msg is not None:
             msg_args.append(self.visit(node.msg))
@@ -305,23 +292,21 @@ def summarize(records: list[tuple], names: list[str], sites: list, raw: dict, ti
     for r in records:
         if r[0] in ("end", "check") and len(r) == 4 and r[1] in names:
             by_test.setdefault((r[0], r[1]), []).append(r)
-    results, first_error = {}, None
+    results, failures = {}, []  # failures: (error type, text) of each failed test, in order
     for name in (n for n in names if ("end", n) in by_test):
         failed = next((e for e in by_test["end", name] if e[2] is not None), None)
         bad = None if failed else next((c for c in by_test.get(("check", name), []) if not _holds(c, sites)), None)
         results[name] = failed is None and bad is None
-        if failed is not None:
-            first_error = first_error or (str(failed[2]), str(failed[3]))
-        elif bad is not None:
-            first_error = first_error or (
-                "AssertionError", f"{name}: assert #{bad[2]} does not hold on the values the child reported")
+        if failed or bad:
+            failures.append((str(failed[2]), str(failed[3])) if failed else ("AssertionError",
+                            f"{name}: assert #{bad[2]} does not hold on the values the child reported"))
     rc, error, error_type = raw["returncode"], None, None
     if raw["timed_out"]:
         error, error_type = f"timed out after {timeout_s:g}s (sandbox killed)", "Timeout"
     elif load is not None:
         error, error_type = str(load[3]), str(load[2])
-    elif first_error is not None:
-        error_type, error = first_error
+    elif failures:
+        error_type, error = failures[0]
     elif not done:
         tail = raw["stderr"].strip()[-800:]
         error = f"the run ended without reporting results (exit status {rc})" + (f": {tail}" if tail else "")

@@ -48,14 +48,8 @@ from composer_replication.rollout import _sandbox_facts as facts
 from composer_replication.rollout import _sandbox_os as osb
 from composer_replication.rollout._sandbox_os import probe_bwrap as _probe_bwrap
 
-__all__ = [
-    "CommandResult",
-    "SandboxResult",
-    "SandboxUnavailableError",
-    "os_sandbox_status",
-    "run_command_sandboxed",
-    "run_python_sandboxed",
-]
+__all__ = ["CommandResult", "SandboxResult", "SandboxUnavailableError", "os_sandbox_status",
+           "run_command_sandboxed", "run_python_sandboxed"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
