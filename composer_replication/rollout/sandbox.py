@@ -102,19 +102,10 @@ class SandboxResult:
 
 
 def run_python_sandboxed(
-    code: str,
-    tests: str,
-    *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 256,
-    max_output_bytes: int = 1 << 20,
-    max_open_files: int = 64,
-    max_processes: int | None = None,
-    disk_mb: int = 64,
-    readable_paths: Sequence[str | os.PathLike] = (),
-    os_sandbox: str = "auto",
-    audit_hook: bool = True,
-) -> SandboxResult:
+    code: str, tests: str, *, timeout_s: float = 5.0, memory_mb: int = 256, max_output_bytes: int = 1 << 20,
+    max_open_files: int = 64, max_processes: int | None = None, disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (), os_sandbox: str = "auto", audit_hook: bool = True,
+) -> SandboxResult:  # fmt: skip
     """Run ``code`` then every top-level ``test_*`` function of ``tests`` in the sandbox.
 
     The tests call the solution's functions by name; a test passes when it returns without raising
@@ -193,20 +184,11 @@ class CommandResult:
 
 
 def run_command_sandboxed(
-    argv: Sequence[str],
-    *,
-    workdir: str | os.PathLike,
-    mount: str,
-    timeout_s: float = 30.0,
-    memory_mb: int = 1024,
-    max_file_bytes: int = 16 << 20,
-    max_open_files: int = 256,
-    disk_mb: int = 64,
-    readable_paths: Sequence[str | os.PathLike] = (),
-    path: str = "/usr/bin:/bin",
-    env: Mapping[str, str] | None = None,
-    os_sandbox: str = "require",
-) -> CommandResult:
+    argv: Sequence[str], *, workdir: str | os.PathLike, mount: str, timeout_s: float = 30.0, memory_mb: int = 1024,
+    max_file_bytes: int = 16 << 20, max_open_files: int = 256, disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (), path: str = "/usr/bin:/bin",
+    env: Mapping[str, str] | None = None, os_sandbox: str = "require",
+) -> CommandResult:  # fmt: skip
     """Run ``argv`` (looked up on ``path``) in the OS sandbox with ``workdir`` bound read-write at ``mount``.
 
     The same bubblewrap layer as :func:`run_python_sandboxed` (no network, read-only system and Python
