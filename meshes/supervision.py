@@ -41,10 +41,11 @@ class ActorFailure(RuntimeError):
         rank: the failed rank, or ``None`` when Monarch did not say.
         kind: ``"raised"``, ``"died"`` or ``"timeout"``.
         detail: the remote error text (first lines).
+        what: the call that failed (``train_step(3)``; ``""`` when not known).
     """
 
     def __init__(self, *, actor: str, rank: int | None, kind: str, detail: str, what: str = "") -> None:
-        self.actor, self.rank, self.kind, self.detail = actor, rank, kind, detail
+        self.actor, self.rank, self.kind, self.detail, self.what = actor, rank, kind, detail, what
         where = f"actor '{actor}' rank {rank}" if rank is not None else f"actor '{actor}'"
         verb = {"raised": "raised an error", "died": "died (its process exited)", "timeout": "timed out"}[kind]
         super().__init__(f"{where} {verb}{f' during {what}' if what else ''}: {detail}")

@@ -32,8 +32,7 @@ from meshes.launch import LaunchError, slurm_hosts
 from recipes.monarch.config import RecipeConfig, load_config, resume_config
 from recipes.monarch.data import REPO_ROOT, load_agentic_tasks, load_data, resolve_path
 from recipes.monarch.display import Display
-from recipes.monarch.mesh_trainer import MeshReplicas
-from recipes.monarch.replicas import start_diloco
+from recipes.monarch.replicas import MeshReplicas, start_diloco
 from recipes.monarch.report import recipe_report
 from recipes.monarch.run_folder import open_run_dir
 
@@ -175,10 +174,10 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
         pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
     display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
     if d.enabled:  # one proc mesh per replica, a lighthouse here; replicas join at the first step
-        diloco = live["diloco"] = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states,
-                                               pairs=pairs, eval_states=eval_states, tasks=tasks,
-                                               on_event=display.message)
-        setup, replicas = diloco.setup, diloco.trainer
+        replicas = live["diloco"] = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states,
+                                                 pairs=pairs, eval_states=eval_states, tasks=tasks,
+                                                 on_event=display.message)
+        setup = replicas.setup
     else:
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
         setup = wait(trainer.setup.call(
