@@ -58,9 +58,8 @@ class RoleMeshes:
         errors: list[str] = []
         procs = [("teacher procs", self.teacher), ("trainer procs", self.trainer), ("reducer procs", self.reducer)]
         for name, mesh in [*reversed(self.spawned), *procs]:
-            if mesh is None:
-                continue
-            _stop(name, mesh, timeout_s, errors)
+            if mesh is not None:
+                _stop(name, mesh, timeout_s, errors)
         for address, host in (self.replica_hosts.hosts.items() if self.replica_hosts else []):
             _stop(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
         self.spawned.clear()
@@ -131,15 +130,9 @@ class ReplicaHosts:
 
     def spawn(self, index: int) -> Any:
         """A fresh 1-proc mesh for replica ``index`` (non-blocking)."""
-        from monarch.actor import default_bootstrap_cmd, this_host
-
         where = self.where(index)
-        if where == "local":
-            kwargs: dict[str, Any] = {}
-            if self.env:
-                kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(self.env))
-            return this_host().spawn_procs(per_host={"procs": 1}, **kwargs)
-        return self.host(where).spawn_procs(per_host={"procs": 1})
+        return _local_procs({"procs": 1}, self.env) if where == "local" else self.host(where).spawn_procs(
+            per_host={"procs": 1})
 
     def host(self, address: str) -> Any:
         """The host mesh of worker ``address`` (attached on first use)."""
@@ -180,19 +173,20 @@ def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None, di
     Raises:
         ValueError: ``num_replicas < 1``.
     """
-    from monarch.actor import default_bootstrap_cmd, this_host
-
     if num_replicas < 1:
         raise ValueError(f"'mesh.num_replicas' must be >= 1, got {num_replicas}")
-    host = this_host()
-    kwargs: dict[str, Any] = {}
-    if env:
-        kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(env))
-    teacher = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    trainer = None if diloco else host.spawn_procs(per_host={"replica": num_replicas}, **kwargs)
-    reducer = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=reducer,
+    teacher = _local_procs({"procs": 1}, env)
+    trainer = None if diloco else _local_procs({"replica": num_replicas}, env)
+    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=_local_procs({"procs": 1}, env),
                       replica_hosts=ReplicaHosts(env=env) if diloco else None)
+
+
+def _local_procs(per_host: dict[str, int], env: dict[str, str] | None) -> Any:
+    """A proc mesh of shape ``per_host`` on ``this_host()``, ``env`` added to its processes' (non-blocking)."""
+    from monarch.actor import default_bootstrap_cmd, this_host
+
+    kwargs = {"bootstrap_command": default_bootstrap_cmd().with_env(dict(env))} if env else {}
+    return this_host().spawn_procs(per_host=per_host, **kwargs)
 
 
 def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teacher_worker: int = 0,
@@ -223,27 +217,19 @@ def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teache
     hosts = ReplicaHosts(workers=workers, spares=spares, relaunch=relaunch, nodes=nodes)
     teacher = hosts.host(workers[teacher_worker]).spawn_procs(per_host={"procs": 1})
     reducer = hosts.host(workers[reducer_worker]).spawn_procs(per_host={"procs": 1})
-    meshes = RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)
-    return meshes
+    return RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)
 
 
 def child_pids(pid: int | None = None) -> list[int]:
     """PIDs of the live child processes of ``pid`` (default: this process), read from ``/proc``."""
     pid = os.getpid() if pid is None else pid
     out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # pragma: no cover - not Linux
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for entry in [e for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []:
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except OSError:  # not a process, or it just ended
             continue
-        fields = stat.rsplit(")", 1)[-1].split()
         if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
             out.append(int(entry))
     return out

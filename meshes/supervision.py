@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["ActorFailure", "names_rank", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog", "FaultSpec"]
+__all__ = ["ActorFailure", "names_rank", "rank_endpoint", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog", "FaultSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,17 @@ def names_rank(actor: str) -> Callable[[F], F]:
                 raise wrap_exc(self, exc) from exc
 
         return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def rank_endpoint(actor: str) -> Callable[[F], F]:
+    """``@endpoint`` over :func:`names_rank`: a Monarch actor endpoint whose errors name ``actor`` and its rank."""
+
+    def deco(fn: F) -> F:
+        from monarch.actor import endpoint
+
+        return endpoint(names_rank(actor)(fn))
 
     return deco
 

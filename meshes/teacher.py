@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, current_rank
 
-from meshes.supervision import FaultSpec, names_rank
+from meshes.supervision import FaultSpec, rank_endpoint
+
+endpoint = rank_endpoint("teacher")  # errors name "teacher rank <r>"
 
 __all__ = ["TeacherReplay"]
 
@@ -34,7 +36,6 @@ class TeacherReplay(Actor):
         self.fault: FaultSpec | None = None
 
     @endpoint
-    @names_rank("teacher")
     async def setup(self, teachers: list[dict[str, Any]], *, agreement_threshold: int = 2, max_tokens: int = 256,
                     temperature: float | None = None, seed: int | None = 0, timeout_s: float = 120.0,
                     local_device: str = "cpu", inject_fault: str | None = None, threads: int = 0,
@@ -53,7 +54,6 @@ class TeacherReplay(Actor):
         return {"rank": self.rank, "pid": os.getpid(), "teachers": [t["slug"] for t in self.replayer.teachers]}
 
     @endpoint
-    @names_rank("teacher")
     async def replay(self, states: list[dict[str, Any]], *, port: Any = None, max_total_usd: float = 0.0,
                      ledger_path: str | None = None) -> dict[str, Any]:
         """Replay ``states`` against every teacher; stream pairs on ``port`` (a ``monarch.actor.Port``).
