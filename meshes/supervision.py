@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -186,8 +187,6 @@ def stream(
     Raises:
         ActorFailure: the call failed, or the stream did not finish within ``timeout_s``.
     """
-    import time
-
     deadline = time.monotonic() + timeout_s
     pending = receiver.recv()
     while True:

@@ -16,7 +16,7 @@ from meshes.hosts import ReplicaHosts, is_loopback
 from meshes.replicas import ReplicaSet
 from recipes.monarch.config import RecipeConfig
 
-__all__ = ["MeshReplicas", "DilocoMeshReplicas", "start_diloco", "lighthouse_host"]
+__all__ = ["MeshReplicas", "DilocoMeshReplicas", "start_diloco", "setup_kwargs", "lighthouse_host"]
 
 
 def _fold(reducer: Any, per_rank: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:
@@ -118,6 +118,18 @@ class DilocoMeshReplicas:
         return errors
 
 
+def setup_kwargs(cfg: RecipeConfig, *, states: list[dict[str, Any]], pairs: list[Any],
+                 eval_states: list[dict[str, Any]] | None, tasks: tuple[list[Any], list[Any]],
+                 world_size: int) -> dict[str, Any]:
+    """The keyword arguments of ``StudentTrainer.setup(cfg.student, **kwargs)`` for the recipe's data (``tasks``: the
+    ``agentic`` (train, held-out) tasks, else ``([], [])``: ``data.tasks`` is read by the trainers)."""
+    d, m = cfg.data, cfg.mesh
+    return dict(states=states, pairs=pairs, world_size=world_size, tasks_path=None if tasks[0] else d.tasks,
+                tasks=tasks[0] or None, eval_tasks=tasks[1] or None, num_eval_prompts=d.num_eval_prompts,
+                eval_states=eval_states, eval_max_new_tokens=d.eval_max_new_tokens, inject_fault=m.inject_fault,
+                threads=m.threads_per_proc)
+
+
 def lighthouse_host(hosts: ReplicaHosts) -> str:
     """Where replicas reach the controller's lighthouse: loopback on one node or loopback workers, else the FQDN."""
     return "127.0.0.1" if all(is_loopback(w) for w in [*hosts.workers, *hosts.spares]) else socket.getfqdn()
@@ -135,12 +147,10 @@ def start_diloco(cfg: RecipeConfig, meshes: Any, reducer: Any, *, run_dir: str, 
     m, d, hosts = cfg.mesh, cfg.diloco, meshes.replica_hosts
     lighthouse = Lighthouse(d, host=lighthouse_host(hosts))
 
+    kwargs = setup_kwargs(cfg, states=states, pairs=pairs, eval_states=eval_states, tasks=tasks, world_size=d.replicas)
+
     def setup_args(index: int) -> tuple[tuple, dict]:
-        return (cfg.student,), dict(
-            states=states, pairs=pairs, world_size=d.replicas, tasks_path=None if tasks[0] else cfg.data.tasks,
-            tasks=tasks[0] or None, eval_tasks=tasks[1] or None, num_eval_prompts=cfg.data.num_eval_prompts,
-            eval_states=eval_states, eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
-            threads=m.threads_per_proc, rank=index, shard=True, local_rank=hosts.local_index(index))
+        return (cfg.student,), {**kwargs, "rank": index, "shard": True, "local_rank": hosts.local_index(index)}
 
     replicas = ReplicaSet(hosts, d, lighthouse_addr=lighthouse.address, setup_args=setup_args,
                           setup_timeout_s=m.setup_timeout_s, call_timeout_s=m.call_timeout_s, on_event=on_event)

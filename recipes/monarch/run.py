@@ -32,7 +32,7 @@ from meshes.launch import LaunchError, slurm_hosts
 from recipes.monarch.config import RecipeConfig, load_config, resume_config
 from recipes.monarch.data import REPO_ROOT, load_agentic_tasks, load_data, resolve_path
 from recipes.monarch.display import Display
-from recipes.monarch.replicas import MeshReplicas, start_diloco
+from recipes.monarch.replicas import MeshReplicas, setup_kwargs, start_diloco
 from recipes.monarch.report import recipe_report
 from recipes.monarch.run_folder import open_run_dir
 
@@ -180,12 +180,10 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
         setup = replicas.setup
     else:
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
-        setup = wait(trainer.setup.call(
-            cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks=tasks[0] or None,
-            eval_tasks=tasks[1] or None, tasks_path=None if agentic else cfg.data.tasks,
-            num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
-            eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
-            threads=m.threads_per_proc), actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+        kwargs = setup_kwargs(cfg, states=states, pairs=pairs, eval_states=eval_states, tasks=tasks,
+                              world_size=m.num_replicas)
+        setup = wait(trainer.setup.call(cfg.student, **kwargs), actor="trainer", timeout_s=m.setup_timeout_s,
+                     what="setup").values()
         replicas = MeshReplicas(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
     (run.path / "processes.json").write_text(json.dumps(
         {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))
