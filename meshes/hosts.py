@@ -103,11 +103,8 @@ class ReplicaHosts:
     def __init__(self, *, env: dict[str, str] | None = None, workers: list[str] | None = None,
                  spares: list[str] | None = None, relaunch: Callable[[str], str | None] | None = None,
                  nodes: dict[str, str] | None = None) -> None:
-        self.env = dict(env or {})
-        self.workers = list(workers or [])
-        self.spares = list(spares or [])
-        self.relaunch = relaunch
-        self.nodes = dict(nodes or {})
+        self.env, self.workers, self.spares = dict(env or {}), list(workers or []), list(spares or [])
+        self.relaunch, self.nodes = relaunch, dict(nodes or {})
         self.slot_worker: dict[int, str] = {}
         self.hosts: dict[str, Any] = {}
         """Attached host meshes by worker address (shared with :class:`RoleMeshes`)."""

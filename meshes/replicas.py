@@ -92,8 +92,6 @@ class ReplicaSet:
         self.events: list[dict[str, Any]] = []
         """One entry per failure: ``{"replica", "kind", "detail", "step", "time"}`` (and ``"rejoined_step"``)."""
 
-    # ------------------------------------------------------------------ spawning
-
     def start(self) -> list[dict[str, Any]]:
         """Spawn and set up every replica (blocking); returns their ``setup`` infos, by slot.
 
@@ -134,8 +132,6 @@ class ReplicaSet:
         futs = {i: getattr(r.actor, endpoint).call_one(*args, **kwargs) for i, r in targets.items()}
         return {i: wait(f, actor="trainer", timeout_s=self.call_timeout_s, what=what or endpoint)
                 for i, f in futs.items()}
-
-    # ------------------------------------------------------------------ one step
 
     def step(self, step: int) -> dict[int, dict[str, Any]]:
         """Inner step ``step`` on every live replica; ``{index: metrics}`` (joiners' first step is not included).
@@ -226,8 +222,6 @@ class ReplicaSet:
                 rep.setup = None
                 self.ready[i] = rep
 
-    # ------------------------------------------------------------------ failures
-
     def _fail_replica(self, rep: Replica, failure: ActorFailure, step: int) -> None:
         """Stop the replica's procs, then restart it, move it, drop it, or raise (see the module docstring)."""
         i = rep.index
@@ -264,8 +258,6 @@ class ReplicaSet:
         self.on_event(f"replica {i} failed ({failure}); restart {self.restarts[i]}/{self.cfg.max_restarts} "
                       "on a fresh proc mesh")
         self._spawn(i)
-
-    # ------------------------------------------------------------------ end
 
     def stop(self, *, timeout_s: float = 30.0) -> list[str]:
         """Stop every replica's manager (no quorum waits for a finished replica), then its procs; the errors met."""

@@ -158,14 +158,9 @@ def install_fault_hook() -> tuple[FaultLog, Callable[[], None]]:
     """
     import monarch.actor as ma
 
-    previous = ma.unhandled_fault_hook
-    faults = FaultLog()
+    previous, faults = ma.unhandled_fault_hook, FaultLog()
     ma.unhandled_fault_hook = faults
-
-    def restore() -> None:
-        ma.unhandled_fault_hook = previous
-
-    return faults, restore
+    return faults, lambda: setattr(ma, "unhandled_fault_hook", previous)
 
 
 def stream(

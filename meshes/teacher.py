@@ -72,21 +72,19 @@ class TeacherReplay(Actor):
                                   rejected_from_rollout=self.rejected_from_rollout)
         formed: dict[str, Any] = {}
         errors: dict[str, int] = {}
+        send = port.send if port is not None else lambda item: None
 
         def progress(event: Any) -> None:
             errors.clear()
             errors.update(event.errors)
             for pair in collector.add(event.result):
                 formed[pair.state_id] = pair
-                if port is not None:
-                    port.send(("pair", pair))
-            if port is not None:
-                port.send(("progress", event.done, event.total, event.spent_usd))
+                send(("pair", pair))
+            send(("progress", event.done, event.total, event.spent_usd))
 
         results = await self.replayer.replay(states, max_total_usd=max_total_usd, ledger_path=ledger_path,
                                              progress=progress)
         pairs = [formed[s["state_id"]] for s in states if s["state_id"] in formed]
         spent = float(sum(r["cost_usd"] for r in results))
-        if port is not None:
-            port.send(("done", len(pairs), spent))
+        send(("done", len(pairs), spent))
         return {"pairs": pairs, "spent_usd": spent, "n_calls": len(results), "errors": dict(errors)}

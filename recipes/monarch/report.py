@@ -76,9 +76,6 @@ class RunRecord:
         return [p[0] for p in pts], [p[1] for p in pts]
 
 
-# ---------------------------------------------------------------------------- reading the run folder
-
-
 def _number(v: Any) -> float | None:
     """``v`` as a finite float clipped to ``+-_MAX_ABS``; ``None`` for a non-number, NaN or inf."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -174,9 +171,6 @@ def load_run(run_dir: str | Path) -> RunRecord:
                           + (f"; {len(warn)} problem(s), first: {warn[0]}" if warn else "; draw it once the run has "
                              "logged a step"))
     return rec
-
-
-# ---------------------------------------------------------------------------- drawing
 
 
 def _plot_line(ax: Any, xs: list[float], ys: list[float], label: str, **kw: Any) -> None:

@@ -78,7 +78,6 @@ def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Displ
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # ---------------------------------------------------------------- config: every check before any spawn
     try:
         resuming = args.resume is not None  # `--resume ""` is an error, not a fresh run
         cfg = resume_config(args.resume, args.overrides) if resuming else load_config(args.config, args.overrides)
@@ -96,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     live: dict = {"meshes": None, "diloco": None, "slurm": None}  # what the finally: block stops
     try:
         replicas, spent, n_pairs, dropped = _build(cfg, run, display, states, eval_states, tasks, resuming, live)
-        # ------------------------------------------------------------ training: the one driver
         r = cfg.run
         drive_cfg = DriveConfig(num_steps=cfg.student.num_steps, checkpoint_every=r.checkpoint_every,
                                 keep_last=r.keep_last, resume=resuming, evaluate=r.evaluate, eval_every=r.eval_every)
@@ -139,7 +137,6 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
     drops)``; the meshes go into ``live`` at once, for the caller to stop."""
     m, d, t = cfg.mesh, cfg.diloco, cfg.teachers
     agentic = cfg.student.rollout.environment == "agentic"
-    # ------------------------------------------------------------ meshes and actors
     display.message(f"run folder {run.path}; spawning meshes ({d.replicas if d.enabled else m.num_replicas} trainer "
                     f"replica(s){', DiLoCo' if d.enabled else ''}{f' on {len(m.workers)} workers' if m.workers else ''})")
     env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -165,7 +162,6 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
         local_device="cpu" if cfg.student.device == "cpu" else resolve_device("auto").type, inject_fault=m.inject_fault,
         threads=m.threads_per_proc, rejected_from_rollout=cfg.rejected_from_rollout()),
         actor="teacher", timeout_s=m.setup_timeout_s, what="setup")
-    # ------------------------------------------------------------ teacher replay -> pairs
     if agentic:
         pairs, spent, dropped = [], 0.0, {}
         display.message(f"{len(tasks[0])} agentic tasks, {len(tasks[1])} held out")
