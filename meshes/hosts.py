@@ -1,13 +1,7 @@
-"""Host and proc meshes, built in one place: one proc mesh per role on the local host.
-
-:func:`local_meshes` spawns, on ``this_host()``, a ``teacher`` proc mesh (1 proc), a ``trainer`` proc
-mesh (``{"replica": N}``) and a ``reducer`` proc mesh (1 proc), and returns them as :class:`RoleMeshes`,
-whose :meth:`RoleMeshes.stop` stops every mesh it spawned (each stop with a timeout, errors logged,
-never raised), so a recipe can call it in ``finally:``. Spawning is non-blocking; the processes import
-torch when their first actor is set up (5-10 s each), so keep the meshes for the whole run.
-
-:func:`attach_meshes` builds the same roles on remote Monarch workers (``python -m recipes.monarch.worker
---address tcp://HOST:PORT`` on each host, reached with ``attach_to_workers``), one host mesh per worker.
+"""Host and proc meshes, built in one place: :class:`RoleMeshes` (``teacher``, ``trainer``, ``reducer``) on this host
+(:func:`local_meshes`) or on Monarch workers (:func:`attach_meshes`), stopped in ``finally:`` by
+:meth:`RoleMeshes.stop`. Spawning is non-blocking; the processes import torch when their first actor is set up
+(5-10 s each), so keep the meshes for the whole run.
 
 DiLoCo replicas get one proc mesh each (a dead replica never breaks a whole-mesh call): a
 :class:`ReplicaHosts` spawns replica ``i``'s proc mesh on this host or on its worker, and moves a slot whose

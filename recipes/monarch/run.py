@@ -109,16 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         display.summary(summary)
         display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
         return 0
-    except (ActorFailure, KeyboardInterrupt) as exc:
+    except (ActorFailure, LaunchError, KeyboardInterrupt) as exc:  # LaunchError: no hosts (a bad SLURM request: 2)
         display.close()
         stopped = isinstance(exc, KeyboardInterrupt)
         print(f"interrupted; stopping every mesh (resume with --resume {run.path})" if stopped else f"error: {exc}",
               file=sys.stderr)
-        return 130 if stopped else 1
-    except LaunchError as exc:  # no hosts: a bad SLURM request (2) or a job that failed or pended (1)
-        display.close()
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return 130 if stopped else getattr(exc, "exit_code", 1)
     finally:
         display.close()
         for key in ("diloco", "meshes"):
