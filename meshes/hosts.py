@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RoleMeshes", "ReplicaHosts", "local_meshes", "attach_meshes", "child_pids", "is_loopback"]
+__all__ = ["RoleMeshes", "ReplicaHosts", "local_meshes", "attach_meshes", "child_pids", "is_loopback", "stop_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +53,16 @@ class RoleMeshes:
         procs = [("teacher procs", self.teacher), ("trainer procs", self.trainer), ("reducer procs", self.reducer)]
         for name, mesh in [*reversed(self.spawned), *procs]:
             if mesh is not None:
-                _stop(name, mesh, timeout_s, errors)
+                stop_quietly(name, mesh, timeout_s, errors)
         for address, host in (self.replica_hosts.hosts.items() if self.replica_hosts else []):
-            _stop(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
+            stop_quietly(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
         self.spawned.clear()
         self.teacher = self.trainer = self.reducer = None
         return errors
 
 
-def _stop(name: str, mesh: Any, timeout_s: float, errors: list[str]) -> None:
-    """``mesh.stop()`` with a timeout; an error is logged and appended to ``errors``."""
+def stop_quietly(name: str, mesh: Any, timeout_s: float, errors: list[str]) -> None:
+    """``mesh.stop()`` (a proc, actor or host mesh) with a timeout; an error is logged and appended to ``errors``."""
     try:
         mesh.stop().get(timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - shutdown must go on

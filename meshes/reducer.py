@@ -63,12 +63,7 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
         out["episodes"] = [e for rep in replicas for e in rep.get("episodes", [])]
     for key in keys:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
-        if not vals:
-            out[key] = float("nan")
-        elif _is_summed(key):
-            out[key] = float(sum(vals))
-        else:
-            out[key] = float(sum(vals) / len(vals))
+        out[key] = (float(sum(vals)) if _is_summed(key) else sum(vals) / len(vals)) if vals else float("nan")
     return out
 
 

@@ -18,18 +18,16 @@ between the replicas, over gloo) and supervises them:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshes.hosts import stop_quietly
 from meshes.supervision import ActorFailure, to_failure, wait
 from meshes.trainer import StudentTrainer
 
 __all__ = ["ReplicaSet", "Replica"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -229,10 +227,7 @@ class ReplicaSet:
             failure = _failure(i, failure.kind, failure.what, failure.detail)
         self.events.append({"replica": i, "kind": failure.kind, "detail": failure.detail[:300], "step": step,
                             "time": time.monotonic()})
-        try:
-            rep.procs.stop().get(timeout=5.0)
-        except Exception as exc:  # noqa: BLE001 - a dead or unreachable proc mesh may not stop cleanly
-            log.warning("stopping replica %d's procs: %s", i, exc)
+        stop_quietly(f"replica {i} procs", rep.procs, 5.0, [])  # a dead or unreachable one may not stop cleanly
         where = self.hosts.where(i)
         if failure.kind == "timeout" and where != "local":
             lost, policy = self.hosts.describe(where), self.cfg.on_host_loss
@@ -270,10 +265,7 @@ class ReplicaSet:
                 errors.append(f"replica {i} leave_diloco: {type(exc).__name__}: {str(exc)[:200]}")
         joining = {i: r for i, (r, _) in self.joining.items()}
         for i, rep in [*self.live.items(), *joining.items(), *self.ready.items(), *self.pending.items()]:
-            try:
-                rep.procs.stop().get(timeout=timeout_s)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"replica {i} procs: {type(exc).__name__}: {str(exc)[:200]}")
+            stop_quietly(f"replica {i} procs", rep.procs, timeout_s, errors)
         for group in (self.live, self.joining, self.ready, self.pending):
             group.clear()
         return errors

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["ActorFailure", "names_rank", "rank_endpoint", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog", "FaultSpec"]
+__all__ = ["ActorFailure", "names_rank", "rank_endpoint", "wait", "stream", "to_failure", "install_fault_hook",
+           "FaultLog", "FaultSpec"]
 
 log = logging.getLogger(__name__)
 
