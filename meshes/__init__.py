@@ -16,24 +16,6 @@ from meshes.supervision import ActorFailure, FaultLog, FaultSpec, install_fault_
 from meshes.teacher import TeacherReplay
 from meshes.trainer import StudentTrainer, replica_dir
 
-__all__ = [
-    "RoleMeshes",
-    "ReplicaHosts",
-    "ReplicaSet",
-    "local_meshes",
-    "attach_meshes",
-    "child_pids",
-    "StudentTrainer",
-    "TeacherReplay",
-    "Reducer",
-    "mean_tensors",
-    "mean_metrics",
-    "ActorFailure",
-    "FaultLog",
-    "install_fault_hook",
-    "names_rank",
-    "wait",
-    "stream",
-    "FaultSpec",
-    "replica_dir",
-]
+__all__ = ["RoleMeshes", "ReplicaHosts", "ReplicaSet", "local_meshes", "attach_meshes", "child_pids", "StudentTrainer",
+           "TeacherReplay", "Reducer", "mean_tensors", "mean_metrics", "ActorFailure", "FaultLog", "install_fault_hook",
+           "names_rank", "wait", "stream", "FaultSpec", "replica_dir"]

@@ -1,13 +1,7 @@
-"""Host and proc meshes, built in one place: one proc mesh per role on the local host.
-
-:func:`local_meshes` spawns, on ``this_host()``, a ``teacher`` proc mesh (1 proc), a ``trainer`` proc
-mesh (``{"replica": N}``) and a ``reducer`` proc mesh (1 proc), and returns them as :class:`RoleMeshes`,
-whose :meth:`RoleMeshes.stop` stops every mesh it spawned (each stop with a timeout, errors logged,
-never raised), so a recipe can call it in ``finally:``. Spawning is non-blocking; the processes import
-torch when their first actor is set up (5-10 s each), so keep the meshes for the whole run.
-
-:func:`attach_meshes` builds the same roles on remote Monarch workers (``python -m recipes.monarch.worker
---address tcp://HOST:PORT`` on each host, reached with ``attach_to_workers``), one host mesh per worker.
+"""Host and proc meshes, built in one place: :class:`RoleMeshes` (``teacher``, ``trainer``, ``reducer``) on this host
+(:func:`local_meshes`) or on Monarch workers (:func:`attach_meshes`), stopped in ``finally:`` by
+:meth:`RoleMeshes.stop`. Spawning is non-blocking; the processes import torch when their first actor is set up
+(5-10 s each), so keep the meshes for the whole run.
 
 DiLoCo replicas get one proc mesh each (a dead replica never breaks a whole-mesh call): a
 :class:`ReplicaHosts` spawns replica ``i``'s proc mesh on this host or on its worker, and moves a slot whose
@@ -24,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RoleMeshes", "ReplicaHosts", "local_meshes", "attach_meshes", "child_pids", "is_loopback"]
+__all__ = ["RoleMeshes", "ReplicaHosts", "local_meshes", "attach_meshes", "child_pids", "is_loopback", "stop_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +52,17 @@ class RoleMeshes:
         errors: list[str] = []
         procs = [("teacher procs", self.teacher), ("trainer procs", self.trainer), ("reducer procs", self.reducer)]
         for name, mesh in [*reversed(self.spawned), *procs]:
-            if mesh is None:
-                continue
-            _stop(name, mesh, timeout_s, errors)
+            if mesh is not None:
+                stop_quietly(name, mesh, timeout_s, errors)
         for address, host in (self.replica_hosts.hosts.items() if self.replica_hosts else []):
-            _stop(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
+            stop_quietly(f"worker {address}", host, min(timeout_s, 10.0), errors)  # detaches; the worker keeps running
         self.spawned.clear()
         self.teacher = self.trainer = self.reducer = None
         return errors
 
 
-def _stop(name: str, mesh: Any, timeout_s: float, errors: list[str]) -> None:
-    """``mesh.stop()`` with a timeout; an error is logged and appended to ``errors``."""
+def stop_quietly(name: str, mesh: Any, timeout_s: float, errors: list[str]) -> None:
+    """``mesh.stop()`` (a proc, actor or host mesh) with a timeout; an error is logged and appended to ``errors``."""
     try:
         mesh.stop().get(timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - shutdown must go on
@@ -104,11 +97,8 @@ class ReplicaHosts:
     def __init__(self, *, env: dict[str, str] | None = None, workers: list[str] | None = None,
                  spares: list[str] | None = None, relaunch: Callable[[str], str | None] | None = None,
                  nodes: dict[str, str] | None = None) -> None:
-        self.env = dict(env or {})
-        self.workers = list(workers or [])
-        self.spares = list(spares or [])
-        self.relaunch = relaunch
-        self.nodes = dict(nodes or {})
+        self.env, self.workers, self.spares = dict(env or {}), list(workers or []), list(spares or [])
+        self.relaunch, self.nodes = relaunch, dict(nodes or {})
         self.slot_worker: dict[int, str] = {}
         self.hosts: dict[str, Any] = {}
         """Attached host meshes by worker address (shared with :class:`RoleMeshes`)."""
@@ -131,15 +121,9 @@ class ReplicaHosts:
 
     def spawn(self, index: int) -> Any:
         """A fresh 1-proc mesh for replica ``index`` (non-blocking)."""
-        from monarch.actor import default_bootstrap_cmd, this_host
-
         where = self.where(index)
-        if where == "local":
-            kwargs: dict[str, Any] = {}
-            if self.env:
-                kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(self.env))
-            return this_host().spawn_procs(per_host={"procs": 1}, **kwargs)
-        return self.host(where).spawn_procs(per_host={"procs": 1})
+        return _local_procs({"procs": 1}, self.env) if where == "local" else self.host(where).spawn_procs(
+            per_host={"procs": 1})
 
     def host(self, address: str) -> Any:
         """The host mesh of worker ``address`` (attached on first use)."""
@@ -180,19 +164,20 @@ def local_meshes(*, num_replicas: int = 1, env: dict[str, str] | None = None, di
     Raises:
         ValueError: ``num_replicas < 1``.
     """
-    from monarch.actor import default_bootstrap_cmd, this_host
-
     if num_replicas < 1:
         raise ValueError(f"'mesh.num_replicas' must be >= 1, got {num_replicas}")
-    host = this_host()
-    kwargs: dict[str, Any] = {}
-    if env:
-        kwargs["bootstrap_command"] = default_bootstrap_cmd().with_env(dict(env))
-    teacher = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    trainer = None if diloco else host.spawn_procs(per_host={"replica": num_replicas}, **kwargs)
-    reducer = host.spawn_procs(per_host={"procs": 1}, **kwargs)
-    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=reducer,
+    teacher = _local_procs({"procs": 1}, env)
+    trainer = None if diloco else _local_procs({"replica": num_replicas}, env)
+    return RoleMeshes(teacher=teacher, trainer=trainer, reducer=_local_procs({"procs": 1}, env),
                       replica_hosts=ReplicaHosts(env=env) if diloco else None)
+
+
+def _local_procs(per_host: dict[str, int], env: dict[str, str] | None) -> Any:
+    """A proc mesh of shape ``per_host`` on ``this_host()``, ``env`` added to its processes' (non-blocking)."""
+    from monarch.actor import default_bootstrap_cmd, this_host
+
+    kwargs = {"bootstrap_command": default_bootstrap_cmd().with_env(dict(env))} if env else {}
+    return this_host().spawn_procs(per_host=per_host, **kwargs)
 
 
 def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teacher_worker: int = 0,
@@ -223,27 +208,19 @@ def attach_meshes(workers: list[str], *, spares: list[str] | None = None, teache
     hosts = ReplicaHosts(workers=workers, spares=spares, relaunch=relaunch, nodes=nodes)
     teacher = hosts.host(workers[teacher_worker]).spawn_procs(per_host={"procs": 1})
     reducer = hosts.host(workers[reducer_worker]).spawn_procs(per_host={"procs": 1})
-    meshes = RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)
-    return meshes
+    return RoleMeshes(teacher=teacher, trainer=None, reducer=reducer, replica_hosts=hosts)
 
 
 def child_pids(pid: int | None = None) -> list[int]:
     """PIDs of the live child processes of ``pid`` (default: this process), read from ``/proc``."""
     pid = os.getpid() if pid is None else pid
     out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # pragma: no cover - not Linux
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for entry in [e for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []:
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except OSError:  # not a process, or it just ended
             continue
-        fields = stat.rsplit(")", 1)[-1].split()
         if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
             out.append(int(entry))
     return out

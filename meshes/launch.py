@@ -77,8 +77,7 @@ def check_partition(partition: str | None, nodes: int) -> None:
     sizes = {}
     for line in _slurm("sinfo", "-h", "-o", "%P %D").splitlines():
         name, count = line.split()
-        sizes.setdefault(name, 0)
-        sizes[name] += int(count)
+        sizes[name] = sizes.get(name, 0) + int(count)
     default = next((n.rstrip("*") for n in sizes if n.endswith("*")), None)
     sizes = {n.rstrip("*"): c for n, c in sizes.items()}
     name = partition or default
@@ -145,8 +144,7 @@ class SlurmHosts:
     def cancel(self, timeout_s: float = 30.0) -> None:
         """End every step this process started and (when it submitted the job) cancel the job; wait until it is gone."""
         for step in self.steps:
-            if step.poll() is None:
-                step.terminate()
+            step.terminate()  # a no-op once the step has ended
         for step in self.steps:
             try:
                 step.wait(timeout=10)

@@ -11,9 +11,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, current_rank
 
-from meshes.supervision import names_rank
+from meshes.supervision import rank_endpoint
+
+endpoint = rank_endpoint("reducer")  # errors name "reducer rank <r>"
 
 __all__ = ["Reducer", "mean_tensors", "mean_metrics"]
 
@@ -61,12 +63,7 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
         out["episodes"] = [e for rep in replicas for e in rep.get("episodes", [])]
     for key in keys:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
-        if not vals:
-            out[key] = float("nan")
-        elif _is_summed(key):
-            out[key] = float(sum(vals))
-        else:
-            out[key] = float(sum(vals) / len(vals))
+        out[key] = (float(sum(vals)) if _is_summed(key) else sum(vals) / len(vals)) if vals else float("nan")
     return out
 
 
@@ -85,14 +82,12 @@ class Reducer(Actor):
         self.calls = 0
 
     @endpoint
-    @names_rank("reducer")
     def average(self, replicas: list[dict[str, Any]]) -> dict[str, Any]:
         """:func:`mean_tensors` over the replicas' ``{name: tensor}`` dicts."""
         self.calls += 1
         return mean_tensors(replicas)
 
     @endpoint
-    @names_rank("reducer")
     def aggregate_metrics(self, replicas: list[dict[str, float]]) -> dict[str, float]:
         """:func:`mean_metrics` over the replicas' step metrics."""
         self.calls += 1

@@ -18,18 +18,16 @@ between the replicas, over gloo) and supervises them:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshes.hosts import stop_quietly
 from meshes.supervision import ActorFailure, to_failure, wait
 from meshes.trainer import StudentTrainer
 
 __all__ = ["ReplicaSet", "Replica"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +42,23 @@ class Replica:
     started: float = field(default_factory=time.monotonic)
 
 
+def _failure(rank: int | None, kind: str, what: str, detail: str) -> ActorFailure:
+    return ActorFailure(actor="trainer", rank=rank, kind=kind, what=what, detail=detail)
+
+
+def _poll(fut: Any, poll_s: float, deadline: float, what: str, timeout_s: float) -> tuple[bool, Any]:
+    """``(finished, result)`` of ``fut`` after waiting up to ``poll_s``; the result is an :class:`ActorFailure` when
+    the call failed, or when it has not answered by ``deadline`` (``time.monotonic()``)."""
+    try:
+        return True, fut.get(timeout=poll_s)
+    except TimeoutError:
+        if time.monotonic() < deadline:
+            return False, None
+        return True, to_failure(TimeoutError(), actor="trainer", what=what, timeout_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - classified by to_failure
+        return True, to_failure(exc, actor="trainer", what=what)
+
+
 class ReplicaSet:
     """Spawn, step, supervise and stop the DiLoCo replicas (see the module docstring).
 
@@ -56,23 +71,11 @@ class ReplicaSet:
         on_event: called with a text line for each restart, move or drop (the display).
     """
 
-    def __init__(
-        self,
-        hosts: Any,
-        diloco: Any,
-        *,
-        lighthouse_addr: str,
-        setup_args: Callable[[int], tuple[tuple, dict]],
-        setup_timeout_s: float,
-        call_timeout_s: float,
-        on_event: Callable[[str], None] | None = None,
-    ) -> None:
-        self.hosts, self.cfg, self.lighthouse_addr = hosts, diloco, lighthouse_addr
-        self.setup_args, self.setup_timeout_s, self.call_timeout_s = (
-            setup_args,
-            setup_timeout_s,
-            call_timeout_s,
-        )
+    def __init__(self, hosts: Any, diloco: Any, *, lighthouse_addr: str,
+                 setup_args: Callable[[int], tuple[tuple, dict]], setup_timeout_s: float, call_timeout_s: float,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self.hosts, self.cfg, self.lighthouse_addr, self.setup_args = hosts, diloco, lighthouse_addr, setup_args
+        self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
         self.on_event = on_event or (lambda line: None)
         self.live: dict[int, Replica] = {}
         """Replicas that joined the DiLoCo group and train."""
@@ -87,8 +90,6 @@ class ReplicaSet:
         self.events: list[dict[str, Any]] = []
         """One entry per failure: ``{"replica", "kind", "detail", "step", "time"}`` (and ``"rejoined_step"``)."""
 
-    # ------------------------------------------------------------------ spawning
-
     def start(self) -> list[dict[str, Any]]:
         """Spawn and set up every replica (blocking); returns their ``setup`` infos, by slot.
 
@@ -99,9 +100,7 @@ class ReplicaSet:
         infos = []
         for i in range(self.cfg.replicas):
             rep = self.pending.pop(i)
-            infos.append(
-                wait(rep.setup, actor="trainer", timeout_s=self.setup_timeout_s, what=f"setup (replica {i})")
-            )
+            infos.append(wait(rep.setup, actor="trainer", timeout_s=self.setup_timeout_s, what=f"setup (replica {i})"))
             rep.setup = None
             self.ready[i] = rep
         return infos
@@ -121,9 +120,7 @@ class ReplicaSet:
         fut = getattr(self.replicas()[index].actor, endpoint).call_one(*args, **kwargs)
         return wait(fut, actor="trainer", timeout_s=self.call_timeout_s, what=what or endpoint)
 
-    def call_all(
-        self, endpoint: str, *args: Any, what: str = "", live_only: bool = False, **kwargs: Any
-    ) -> dict:
+    def call_all(self, endpoint: str, *args: Any, what: str = "", live_only: bool = False, **kwargs: Any) -> dict:
         """``endpoint`` on every set-up replica (``live_only``: every live one) at once; ``{index: result}``.
 
         Raises:
@@ -131,12 +128,8 @@ class ReplicaSet:
         """
         targets = self.live if live_only else self.replicas()
         futs = {i: getattr(r.actor, endpoint).call_one(*args, **kwargs) for i, r in targets.items()}
-        return {
-            i: wait(f, actor="trainer", timeout_s=self.call_timeout_s, what=what or endpoint)
-            for i, f in futs.items()
-        }
-
-    # ------------------------------------------------------------------ one step
+        return {i: wait(f, actor="trainer", timeout_s=self.call_timeout_s, what=what or endpoint)
+                for i, f in futs.items()}
 
     def step(self, step: int) -> dict[int, dict[str, Any]]:
         """Inner step ``step`` on every live replica; ``{index: metrics}`` (joiners' first step is not included).
@@ -151,34 +144,18 @@ class ReplicaSet:
         deadline = time.monotonic() + self.call_timeout_s
         while futures:
             for i, fut in list(futures.items()):
-                try:
-                    results[i] = fut.get(timeout=0.02)
-                except TimeoutError:
-                    if time.monotonic() < deadline:
-                        continue
-                    self._fail(
-                        i,
-                        to_failure(
-                            TimeoutError(),
-                            actor="trainer",
-                            what=f"train_step({step})",
-                            timeout_s=self.call_timeout_s,
-                        ),
-                        step,
-                    )
-                except Exception as exc:  # noqa: BLE001 - classified by to_failure
-                    self._fail(i, to_failure(exc, actor="trainer", what=f"train_step({step})"), step)
+                done, out = _poll(fut, 0.02, deadline, f"train_step({step})", self.call_timeout_s)
+                if not done:
+                    continue
                 del futures[i]
+                if isinstance(out, ActorFailure):
+                    self._fail_replica(self.live.pop(i), out, step)
+                else:
+                    results[i] = out
         quorum = max((m.get("diloco/participants", 0.0) for m in results.values()), default=0.0)
         self._settle_joiners(step, wait=quorum > len(results))
         if not results and not self.joining:
-            raise ActorFailure(
-                actor="trainer",
-                rank=None,
-                kind="died",
-                what=f"train_step({step})",
-                detail="no DiLoCo replica is left to train",
-            )
+            raise _failure(None, "died", f"train_step({step})", "no DiLoCo replica is left to train")
         return results
 
     def _admit(self, step: int) -> None:
@@ -195,20 +172,10 @@ class ReplicaSet:
             self._collect_setups(step)
             first = not self.live and not self.joining
             for i in sorted(self.ready):
-                rep = self.ready.pop(i)
-                local_step = step % period if first else period - delay - 1
-                if first and local_step >= period - delay:
-                    local_step = period - delay - 1
-                self.live[i] = rep
-                self.call(
-                    i,
-                    "join_diloco",
-                    self.cfg,
-                    lighthouse_addr=self.lighthouse_addr,
-                    host=self.hosts.advertise_host(i),
-                    local_step=local_step,
-                    what="join_diloco",
-                )
+                rep = self.live[i] = self.ready.pop(i)
+                local_step = min(step % period, period - delay - 1) if first else period - delay - 1
+                self.call(i, "join_diloco", self.cfg, lighthouse_addr=self.lighthouse_addr,
+                          host=self.hosts.advertise_host(i), local_step=local_step, what="join_diloco")
                 if not first:  # its first step runs in flight until the group's next quorum takes it in
                     self.joining[i] = (self.live.pop(i), rep.actor.train_step.call_one(step))
                 for ev in self.events:
@@ -217,145 +184,75 @@ class ReplicaSet:
             if len(self.live) + len(self.joining) >= self.cfg.min_replicas:
                 return
             if not self.pending and not self.ready:
-                raise ActorFailure(
-                    actor="trainer",
-                    rank=None,
-                    kind="died",
-                    what=f"train_step({step})",
-                    detail=f"only {len(self.live)} replica(s) left, 'diloco.min_replicas' is "
-                    f"{self.cfg.min_replicas}, and none is coming back",
-                )
+                raise _failure(None, "died", f"train_step({step})", f"only {len(self.live)} replica(s) left, "
+                               f"'diloco.min_replicas' is {self.cfg.min_replicas}, and none is coming back")
             time.sleep(0.2)
 
     def _settle_joiners(self, step: int, *, wait: bool) -> None:
         """Move joiners whose first (in-flight) step finished into ``live``; with ``wait`` (the last quorum had
         more members than the live replicas), wait for them: they were in it and are finishing its sync."""
         for i, (rep, fut) in list(self.joining.items()):
-            try:
-                metrics = fut.get(timeout=self.call_timeout_s if wait else 0.01)
-            except TimeoutError:
-                if wait:
-                    self.joining.pop(i)
-                    self._fail_replica(
-                        rep,
-                        to_failure(
-                            TimeoutError(),
-                            actor="trainer",
-                            what="first step after joining",
-                            timeout_s=self.call_timeout_s,
-                        ),
-                        step,
-                    )
+            done, out = _poll(fut, self.call_timeout_s if wait else 0.01, float("-inf") if wait else float("inf"),
+                              "first step after joining", self.call_timeout_s)
+            if not done:
                 continue
-            except Exception as exc:  # noqa: BLE001 - classified by to_failure
-                self.joining.pop(i)
-                self._fail_replica(
-                    rep, to_failure(exc, actor="trainer", what="first step after joining"), step
-                )
+            self.joining.pop(i)
+            if isinstance(out, ActorFailure):
+                self._fail_replica(rep, out, step)
                 continue
-            self.live[i] = self.joining.pop(i)[0]
+            self.live[i] = rep
             self.live = dict(sorted(self.live.items()))
             for ev in self.events:
                 if ev["replica"] == i and "rejoined_step" not in ev:
                     ev["rejoined_step"], ev["healed_time"] = step, time.monotonic()
-                    ev["healed_outer_step"] = metrics.get("diloco/outer_step")
+                    ev["healed_outer_step"] = out.get("diloco/outer_step")
 
     def _collect_setups(self, step: int) -> None:
         """Move replicas whose ``setup`` finished from ``pending`` to ``ready`` (a failed setup is a failure)."""
         for i, rep in list(self.pending.items()):
-            try:
-                rep.setup.get(timeout=0.01)
-            except TimeoutError:
-                if time.monotonic() - rep.started > self.setup_timeout_s:
-                    self._fail_replica(
-                        self.pending.pop(i),
-                        to_failure(
-                            TimeoutError(), actor="trainer", what="setup", timeout_s=self.setup_timeout_s
-                        ),
-                        step,
-                    )
+            done, out = _poll(rep.setup, 0.01, rep.started + self.setup_timeout_s, "setup", self.setup_timeout_s)
+            if not done:
                 continue
-            except Exception as exc:  # noqa: BLE001 - classified by to_failure
-                self._fail_replica(self.pending.pop(i), to_failure(exc, actor="trainer", what="setup"), step)
-                continue
-            rep.setup = None
-            self.ready[i] = self.pending.pop(i)
-
-    # ------------------------------------------------------------------ failures
-
-    def _fail(self, index: int, failure: ActorFailure, step: int) -> None:
-        self._fail_replica(self.live.pop(index), failure, step)
+            self.pending.pop(i)
+            if isinstance(out, ActorFailure):
+                self._fail_replica(rep, out, step)
+            else:
+                rep.setup = None
+                self.ready[i] = rep
 
     def _fail_replica(self, rep: Replica, failure: ActorFailure, step: int) -> None:
         """Stop the replica's procs, then restart it, move it, drop it, or raise (see the module docstring)."""
         i = rep.index
         if failure.rank != i:  # a replica's own 1-proc mesh reports its proc as rank 0: name the replica
-            failure = ActorFailure(
-                actor="trainer", rank=i, kind=failure.kind, detail=failure.detail, what=failure_what(failure)
-            )
-        self.events.append(
-            {
-                "replica": i,
-                "kind": failure.kind,
-                "detail": failure.detail[:300],
-                "step": step,
-                "time": time.monotonic(),
-            }
-        )
-        try:
-            rep.procs.stop().get(timeout=5.0)
-        except Exception as exc:  # noqa: BLE001 - a dead or unreachable proc mesh may not stop cleanly
-            log.warning("stopping replica %d's procs: %s", i, exc)
+            failure = _failure(i, failure.kind, failure.what, failure.detail)
+        self.events.append({"replica": i, "kind": failure.kind, "detail": failure.detail[:300], "step": step,
+                            "time": time.monotonic()})
+        stop_quietly(f"replica {i} procs", rep.procs, 5.0, [])  # a dead or unreachable one may not stop cleanly
         where = self.hosts.where(i)
-        cause = f"{failure}"
         if failure.kind == "timeout" and where != "local":
-            policy = self.cfg.on_host_loss
+            lost, policy = self.hosts.describe(where), self.cfg.on_host_loss
             if policy == "stop":
-                raise ActorFailure(
-                    actor="trainer",
-                    rank=i,
-                    kind="timeout",
-                    what=f"train_step({step})",
-                    detail=f"worker {self.hosts.describe(where)} stopped answering (no reply within "
-                    f"{self.call_timeout_s} s);"
-                    f" 'diloco.on_host_loss' is stop",
-                )
+                raise _failure(i, "timeout", f"train_step({step})", f"worker {lost} stopped answering (no reply "
+                               f"within {self.call_timeout_s} s); 'diloco.on_host_loss' is stop")
             if policy == "shrink":
                 self.dropped.add(i)
-                self.on_event(f"replica {i}: worker {self.hosts.describe(where)} lost; going on with "
-                              f"{len(self.live)} replica(s)")
+                self.on_event(f"replica {i}: worker {lost} lost; going on with {len(self.live)} replica(s)")
                 return
             spare = self.hosts.spares[:1]
             new = self.hosts.replace_worker(i)
             if new is None:
-                raise ActorFailure(
-                    actor="trainer",
-                    rank=i,
-                    kind="timeout",
-                    what=f"train_step({step})",
-                    detail=f"worker {self.hosts.describe(where)} stopped answering and no spare worker is left "
-                    "('mesh.spare_workers', or its node to restart it on); add spares or set "
-                    "diloco.on_host_loss: shrink",
-                )
-            self.on_event(f"replica {i}: worker {self.hosts.describe(where)} lost; moving it to "
+                raise _failure(i, "timeout", f"train_step({step})", f"worker {lost} stopped answering and no spare "
+                               "worker is left ('mesh.spare_workers', or its node to restart it on); add spares or "
+                               "set diloco.on_host_loss: shrink")
+            self.on_event(f"replica {i}: worker {lost} lost; moving it to "
                           f"{'spare worker' if spare == [new] else 'a new worker'} {self.hosts.describe(new)}")
         self.restarts[i] += 1
         if self.restarts[i] > self.cfg.max_restarts:
-            raise ActorFailure(
-                actor="trainer",
-                rank=i,
-                kind=failure.kind,
-                what=failure_what(failure),
-                detail=f"{failure.detail} (replica {i} failed {self.restarts[i]} time(s), more than "
-                f"'diloco.max_restarts' = {self.cfg.max_restarts})",
-            )
-        self.on_event(
-            f"replica {i} failed ({cause}); restart {self.restarts[i]}/{self.cfg.max_restarts} "
-            "on a fresh proc mesh"
-        )
+            raise _failure(i, failure.kind, failure.what, f"{failure.detail} (replica {i} failed {self.restarts[i]} "
+                           f"time(s), more than 'diloco.max_restarts' = {self.cfg.max_restarts})")
+        self.on_event(f"replica {i} failed ({failure}); restart {self.restarts[i]}/{self.cfg.max_restarts} "
+                      "on a fresh proc mesh")
         self._spawn(i)
-
-    # ------------------------------------------------------------------ end
 
     def stop(self, *, timeout_s: float = 30.0) -> list[str]:
         """Stop every replica's manager (no quorum waits for a finished replica), then its procs; the errors met."""
@@ -366,24 +263,9 @@ class ReplicaSet:
                 fut.get(timeout=timeout_s)
             except Exception as exc:  # noqa: BLE001 - shutdown goes on
                 errors.append(f"replica {i} leave_diloco: {type(exc).__name__}: {str(exc)[:200]}")
-        for i, rep in [
-            *self.live.items(),
-            *[(i, r) for i, (r, _) in self.joining.items()],
-            *self.ready.items(),
-            *self.pending.items(),
-        ]:
-            try:
-                rep.procs.stop().get(timeout=timeout_s)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"replica {i} procs: {type(exc).__name__}: {str(exc)[:200]}")
-        self.live.clear()
-        self.joining.clear()
-        self.ready.clear()
-        self.pending.clear()
+        joining = {i: r for i, (r, _) in self.joining.items()}
+        for i, rep in [*self.live.items(), *joining.items(), *self.ready.items(), *self.pending.items()]:
+            stop_quietly(f"replica {i} procs", rep.procs, timeout_s, errors)
+        for group in (self.live, self.joining, self.ready, self.pending):
+            group.clear()
         return errors
-
-
-def failure_what(failure: ActorFailure) -> str:
-    """The ``during ...`` part of an ``ActorFailure`` message (empty when it has none)."""
-    text = str(failure)
-    return text.split(" during ", 1)[1].split(":", 1)[0] if " during " in text else ""

@@ -20,10 +20,12 @@ import inspect
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["ActorFailure", "names_rank", "wait", "stream", "to_failure", "install_fault_hook", "FaultLog", "FaultSpec"]
+__all__ = ["ActorFailure", "names_rank", "rank_endpoint", "wait", "stream", "to_failure", "install_fault_hook",
+           "FaultLog", "FaultSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +43,11 @@ class ActorFailure(RuntimeError):
         rank: the failed rank, or ``None`` when Monarch did not say.
         kind: ``"raised"``, ``"died"`` or ``"timeout"``.
         detail: the remote error text (first lines).
+        what: the call that failed (``train_step(3)``; ``""`` when not known).
     """
 
     def __init__(self, *, actor: str, rank: int | None, kind: str, detail: str, what: str = "") -> None:
-        self.actor, self.rank, self.kind, self.detail = actor, rank, kind, detail
+        self.actor, self.rank, self.kind, self.detail, self.what = actor, rank, kind, detail, what
         where = f"actor '{actor}' rank {rank}" if rank is not None else f"actor '{actor}'"
         verb = {"raised": "raised an error", "died": "died (its process exited)", "timeout": "timed out"}[kind]
         super().__init__(f"{where} {verb}{f' during {what}' if what else ''}: {detail}")
@@ -80,6 +83,17 @@ def names_rank(actor: str) -> Callable[[F], F]:
                 raise wrap_exc(self, exc) from exc
 
         return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def rank_endpoint(actor: str) -> Callable[[F], F]:
+    """``@endpoint`` over :func:`names_rank`: a Monarch actor endpoint whose errors name ``actor`` and its rank."""
+
+    def deco(fn: F) -> F:
+        from monarch.actor import endpoint
+
+        return endpoint(names_rank(actor)(fn))
 
     return deco
 
@@ -145,14 +159,9 @@ def install_fault_hook() -> tuple[FaultLog, Callable[[], None]]:
     """
     import monarch.actor as ma
 
-    previous = ma.unhandled_fault_hook
-    faults = FaultLog()
+    previous, faults = ma.unhandled_fault_hook, FaultLog()
     ma.unhandled_fault_hook = faults
-
-    def restore() -> None:
-        ma.unhandled_fault_hook = previous
-
-    return faults, restore
+    return faults, lambda: setattr(ma, "unhandled_fault_hook", previous)
 
 
 def stream(
@@ -174,8 +183,6 @@ def stream(
     Raises:
         ActorFailure: the call failed, or the stream did not finish within ``timeout_s``.
     """
-    import time
-
     deadline = time.monotonic() + timeout_s
     pending = receiver.recv()
     while True:

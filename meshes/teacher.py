@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, current_rank
 
-from meshes.supervision import FaultSpec, names_rank
+from meshes.supervision import FaultSpec, rank_endpoint
+
+endpoint = rank_endpoint("teacher")  # errors name "teacher rank <r>"
 
 __all__ = ["TeacherReplay"]
 
@@ -34,7 +36,6 @@ class TeacherReplay(Actor):
         self.fault: FaultSpec | None = None
 
     @endpoint
-    @names_rank("teacher")
     async def setup(self, teachers: list[dict[str, Any]], *, agreement_threshold: int = 2, max_tokens: int = 256,
                     temperature: float | None = None, seed: int | None = 0, timeout_s: float = 120.0,
                     local_device: str = "cpu", inject_fault: str | None = None, threads: int = 0,
@@ -53,7 +54,6 @@ class TeacherReplay(Actor):
         return {"rank": self.rank, "pid": os.getpid(), "teachers": [t["slug"] for t in self.replayer.teachers]}
 
     @endpoint
-    @names_rank("teacher")
     async def replay(self, states: list[dict[str, Any]], *, port: Any = None, max_total_usd: float = 0.0,
                      ledger_path: str | None = None) -> dict[str, Any]:
         """Replay ``states`` against every teacher; stream pairs on ``port`` (a ``monarch.actor.Port``).
@@ -72,21 +72,19 @@ class TeacherReplay(Actor):
                                   rejected_from_rollout=self.rejected_from_rollout)
         formed: dict[str, Any] = {}
         errors: dict[str, int] = {}
+        send = port.send if port is not None else lambda item: None
 
         def progress(event: Any) -> None:
             errors.clear()
             errors.update(event.errors)
             for pair in collector.add(event.result):
                 formed[pair.state_id] = pair
-                if port is not None:
-                    port.send(("pair", pair))
-            if port is not None:
-                port.send(("progress", event.done, event.total, event.spent_usd))
+                send(("pair", pair))
+            send(("progress", event.done, event.total, event.spent_usd))
 
         results = await self.replayer.replay(states, max_total_usd=max_total_usd, ledger_path=ledger_path,
                                              progress=progress)
         pairs = [formed[s["state_id"]] for s in states if s["state_id"] in formed]
         spent = float(sum(r["cost_usd"] for r in results))
-        if port is not None:
-            port.send(("done", len(pairs), spent))
+        send(("done", len(pairs), spent))
         return {"pairs": pairs, "spent_usd": spent, "n_calls": len(results), "errors": dict(errors)}

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, current_rank
 
 import composer_replication.engine.checkpoint as checkpoints
 from composer_replication.engine import StudentTrainerCore, build_training_data
-from meshes.supervision import FaultSpec, names_rank
+from meshes.supervision import FaultSpec, rank_endpoint
+
+endpoint = rank_endpoint("trainer")  # errors name "trainer rank <r>"
 
 __all__ = ["StudentTrainer", "replica_dir"]
 
@@ -41,7 +43,6 @@ class StudentTrainer(Actor):
         self.pending_diloco: dict[str, Any] | None = None  # a loaded checkpoint's DiLoCo state, applied at join
 
     @endpoint
-    @names_rank("trainer")
     def warmup(self) -> int:
         """Import transformers now (seconds per process), so that a later ``setup`` only loads the model; call it
         right after spawning, without waiting. Returns the PID."""
@@ -50,7 +51,6 @@ class StudentTrainer(Actor):
         return os.getpid()
 
     @endpoint
-    @names_rank("trainer")
     def setup(self, config: Any, *, states: list[dict[str, Any]], pairs: list[Any], world_size: int,
               tasks_path: str | None = None, num_eval_prompts: int = 0, eval_states: list[dict[str, Any]] | None = None,
               eval_max_new_tokens: int | None = None, inject_fault: str | None = None, threads: int = 0,
@@ -98,7 +98,6 @@ class StudentTrainer(Actor):
         return self.core
 
     @endpoint
-    @names_rank("trainer")
     def train_step(self, step: int) -> dict[str, float]:
         """One optimizer step (``StudentTrainerCore.train_step``); returns its metrics."""
         if self.fault is not None:
@@ -108,13 +107,11 @@ class StudentTrainer(Actor):
         return self._core().train_step(step)
 
     @endpoint
-    @names_rank("trainer")
     def evaluate(self) -> dict[str, float]:
         """Greedy evaluation on the held-out (or first) prompts (``StudentTrainerCore.evaluate``)."""
         return self._core().evaluate()
 
     @endpoint
-    @names_rank("trainer")
     def save(self, run_dir: str, step: int, keep_last: int | None = None) -> str:
         """Save this replica's full state as checkpoint ``step`` (see :func:`replica_dir`); returns its folder."""
         state = self._core().state_dict()
@@ -123,7 +120,6 @@ class StudentTrainer(Actor):
         return str(checkpoints.save_checkpoint(replica_dir(run_dir, self.rank), step, state, keep_last=keep_last))
 
     @endpoint
-    @names_rank("trainer")
     def load_latest(self, run_dir: str, max_step: int | None = None) -> int:
         """Restore this replica's latest complete checkpoint (of at most ``max_step``; its DiLoCo state is applied by
         ``join_diloco``); the step to continue from (0: none)."""
@@ -134,14 +130,12 @@ class StudentTrainer(Actor):
         return int(self._core().step)
 
     @endpoint
-    @names_rank("trainer")
     def latest_step(self, run_dir: str) -> int:
         """The step of this replica's latest complete checkpoint (0: none), without loading it."""
         ckpt = checkpoints.latest_checkpoint(replica_dir(run_dir, self.rank))
         return 0 if ckpt is None else checkpoints.checkpoint_step(ckpt)
 
     @endpoint
-    @names_rank("trainer")
     def join_diloco(self, config: Any, *, lighthouse_addr: str, host: str = "127.0.0.1", local_step: int = 0) -> str:
         """Build this replica's torchft manager and DiLoCo (``config``: a ``DilocoConfig``), ``local_step`` inner steps
         into the round, with a loaded checkpoint's DiLoCo state; returns the parameter digest."""
@@ -157,7 +151,6 @@ class StudentTrainer(Actor):
         return param_sha256(self._core().model)
 
     @endpoint
-    @names_rank("trainer")
     def leave_diloco(self) -> None:
         """Stop this replica's manager (its heartbeat ends: no quorum waits for it) and unhook DiLoCo."""
         if self.diloco is not None:
@@ -165,13 +158,11 @@ class StudentTrainer(Actor):
         self.diloco = None
 
     @endpoint
-    @names_rank("trainer")
     def get_weights(self) -> dict[str, Any]:
         """The model weights cloned to CPU (``{name: tensor}``; tied tensors shared)."""
         return self._core().get_weights()
 
     @endpoint
-    @names_rank("trainer")
     def set_weights(self, weights: dict[str, Any]) -> None:
         """Load weights in place (the optimizer state is kept)."""
         self._core().set_weights(weights)

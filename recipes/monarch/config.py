@@ -242,7 +242,6 @@ class RecipeConfig:
 
             check_key(len(m.inject_fault) <= 200, "mesh.inject_fault",
                       f"must look like 'ACTOR:RANK:STEP:MODE', got {shown(m.inject_fault)}")
-
             FaultSpec(m.inject_fault)
         self._check_diloco()
         check_key(r.max_new_tokens < self.student.max_seq_len, "student.rollout.max_new_tokens",

@@ -31,12 +31,10 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def format_step(step: int, num_steps: int, metrics: dict[str, float], spent_usd: float) -> str:
     """One progress line: ``step 3/20 grpo=... taid=... dpo=... total=... reward=... tok/s=... spend=$...``."""
-    parts = [f"step {step + 1}/{num_steps}"]
-    parts += [f"{k.removeprefix('loss/')}={_fmt(metrics[k])}" for k in CHANNELS if k in metrics]
-    parts.append(f"total={_fmt(metrics.get('loss/total'))}")
-    parts.append(f"reward={_fmt(metrics.get('reward/mean'), 3)}")
-    parts.append(f"tok/s={_fmt(metrics.get('perf/tokens_per_s'), 4)}")
-    parts.append(f"spend=${spent_usd:.4f}")
+    parts = [f"step {step + 1}/{num_steps}",
+             *(f"{k.removeprefix('loss/')}={_fmt(metrics[k])}" for k in CHANNELS if k in metrics),
+             f"total={_fmt(metrics.get('loss/total'))}", f"reward={_fmt(metrics.get('reward/mean'), 3)}",
+             f"tok/s={_fmt(metrics.get('perf/tokens_per_s'), 4)}", f"spend=${spent_usd:.4f}"]
     if "diloco/live_replicas" in metrics:
         parts.append(f"replicas={metrics['diloco/live_replicas']:.0f} restarts={metrics.get('diloco/restarts', 0):.0f}")
         if "diloco/outer_step" in metrics:
@@ -52,15 +50,11 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("trace states / pairs", f"{summary.get('n_states')} / {summary.get('n_pairs')}"),
         ("teacher spend (USD)", f"{summary.get('replay/spent_usd', 0.0):.4f}"),
     ]
-    for key, value in (summary.get("final_metrics") or {}).items():
-        if key in (*CHANNELS, "loss/total", "reward/mean", "perf/tokens_per_s"):
-            rows.append((f"final {key}", _fmt(value)))
-    for key, value in (summary.get("channel_nonzero_steps") or {}).items():
-        rows.append((f"steps with {key} != 0", str(value)))
-    for name in ("eval_start", "eval_end"):
-        for key, value in (summary.get(name) or {}).items():
-            if key == "eval/mean":
-                rows.append((f"{name} reward", _fmt(value)))
+    shown = (*CHANNELS, "loss/total", "reward/mean", "perf/tokens_per_s")
+    rows += [(f"final {k}", _fmt(v)) for k, v in (summary.get("final_metrics") or {}).items() if k in shown]
+    rows += [(f"steps with {k} != 0", str(v)) for k, v in (summary.get("channel_nonzero_steps") or {}).items()]
+    rows += [(f"{name} reward", _fmt(ev["eval/mean"])) for name in ("eval_start", "eval_end")
+             if "eval/mean" in (ev := summary.get(name) or {})]
     if "restarts" in summary:
         rows.append(("replica restarts", ", ".join(f"{i}: {n}" for i, n in summary["restarts"].items())))
         digests = summary.get("replica_param_sha256") or {}
@@ -86,6 +80,7 @@ class Display:
         self.mode = "plain" if mode == "rich" and not sys.stdout.isatty() else mode
         self._progress: Any = None
         self._task: Any = None
+        self._train: Any = None
         if self.mode == "rich":
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -119,7 +114,7 @@ class Display:
             if self._task is not None:
                 self._progress.remove_task(self._task)
                 self._task = None
-            if getattr(self, "_train", None) is None:
+            if self._train is None:
                 self._train = self._progress.add_task("train", total=self.num_steps, info="")
             self._progress.update(self._train, completed=step + 1, info=line.split("  ", 1)[-1])
         elif self.mode == "plain":
@@ -132,9 +127,8 @@ class Display:
         if self.mode == "rich":
             from rich.table import Table
 
-            table = Table(title="composer-replication: Monarch run")
-            table.add_column("what")
-            table.add_column("value", justify="right")
+            table = Table("what", "value", title="composer-replication: Monarch run")
+            table.columns[1].justify = "right"
             for name, value in rows:
                 table.add_row(name, value)
             self.console.print(table)

@@ -35,10 +35,7 @@ __all__ = ["ReportError", "RunRecord", "load_run", "report_figure", "write_repor
 # Channel of each loss name (docs/recipes.md, Metrics); a name not listed here gets its own panel.
 CHANNELS = {"grpo": 1, "lm_ce": 1, "jsd": 2, "taid": 2, "entropy_opd": 2, "dpo": 3, "simpo": 3}
 _NOT_CHANNELS = {"total", "lr", "grad_norm"}
-# Counts rather than rates: drawn apart from the [0, 1] evaluation rates, or not at all.
-_EVAL_SKIP = {"eval/num_scored"}
-
-
+_EVAL_SKIP = {"eval/num_scored"}  # a count, not a [0, 1] rate: written as text, not drawn
 _MAX_ABS = 1e12  # steps and values beyond this are damage, not data (matplotlib overflows near 1e308)
 _SUMMARY_TYPES = {"steps": (int, float), "start_step": (int, float), "wall_time_s": (int, float),
                   "n_states": (int, float), "n_pairs": (int, float), "restarts": dict, "diloco_events": list,
@@ -77,9 +74,6 @@ class RunRecord:
         """``(steps, values)`` of ``key`` over ``rows`` (default: the training rows); rows without it skipped."""
         pts = [(r["step"], r[key]) for r in (self.train if rows is None else rows) if key in r]
         return [p[0] for p in pts], [p[1] for p in pts]
-
-
-# ---------------------------------------------------------------------------- reading the run folder
 
 
 def _number(v: Any) -> float | None:
@@ -179,9 +173,6 @@ def load_run(run_dir: str | Path) -> RunRecord:
     return rec
 
 
-# ---------------------------------------------------------------------------- drawing
-
-
 def _plot_line(ax: Any, xs: list[float], ys: list[float], label: str, **kw: Any) -> None:
     ax.plot(xs, ys, marker="o" if len(xs) <= 12 else None, markersize=3, label=label, **kw)
 
@@ -194,15 +185,7 @@ def _panel_loss(ax: Any, rec: RunRecord, key: str) -> None:
     _plot_line(ax, xs, ys, key, color="black" if name == "total" else None)
     nonzero = _number(rec.summary.get("channel_nonzero_steps", {}).get(key))
     if nonzero is not None:
-        ax.text(
-            0.98,
-            0.95,
-            f"non-zero on {nonzero:g} step(s)",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=7,
-        )
+        ax.text(0.98, 0.95, f"non-zero on {nonzero:g} step(s)", transform=ax.transAxes, ha="right", va="top", fontsize=7)
 
 
 def _panel_reward(ax: Any, rec: RunRecord) -> None:
@@ -214,24 +197,17 @@ def _panel_reward(ax: Any, rec: RunRecord) -> None:
     _plot_line(ax, xs, ys, "reward/mean", color="tab:green")
     std = dict(zip(*rec.series("reward/std")))
     if std:
-        lo = [y - std.get(x, 0.0) for x, y in zip(xs, ys)]
-        hi = [y + std.get(x, 0.0) for x, y in zip(xs, ys)]
-        ax.fill_between(xs, lo, hi, color="tab:green", alpha=0.15, linewidth=0)
+        ax.fill_between(xs, [y - std.get(x, 0.0) for x, y in zip(xs, ys)], [y + std.get(x, 0.0) for x, y in zip(xs, ys)],
+                        color="tab:green", alpha=0.15, linewidth=0)
 
 
 def _eval_rows(rec: RunRecord) -> list[dict[str, float]]:
     """Evaluation rows of metrics.jsonl, or the summary's ``eval_start``/``eval_end`` when the file has none."""
     if rec.evals:
         return rec.evals
-    rows = []
-    for key, step in (
-        ("eval_start", rec.summary.get("start_step", 0)),
-        ("eval_end", rec.summary.get("steps")),
-    ):
-        value = rec.summary.get(key)
-        if isinstance(value, dict) and step is not None:
-            rows.append({"step": float(step), **_numbers(value, [])})
-    return rows
+    ends = (("eval_start", rec.summary.get("start_step", 0)), ("eval_end", rec.summary.get("steps")))
+    return [{"step": float(step), **_numbers(rec.summary[key], [])} for key, step in ends
+            if isinstance(rec.summary.get(key), dict) and step is not None]
 
 
 def _panel_eval(ax: Any, rec: RunRecord) -> None:
@@ -262,16 +238,13 @@ def _restarts(rec: RunRecord) -> tuple[float, str]:
 def _panel_diloco(ax: Any, rec: RunRecord) -> None:
     total, detail = _restarts(rec)
     ax.set_title(f"DiLoCo: replicas; restarts {total:g}{detail}")
-    top = 1.0
     xs, ys = rec.series("diloco/live_replicas")
     if xs:
         ax.step(xs, ys, where="post", color="tab:gray", label="live replicas")
-        top = max(top, *ys)
-    xs, ys = rec.series("diloco/participants")
-    if xs:
-        ax.plot(xs, ys, "o", markersize=4, color="tab:purple", label="participants at a sync")
-        top = max(top, *ys)
-    ax.set_ylim(0, top + 1)
+    xp, yp = rec.series("diloco/participants")
+    if xp:
+        ax.plot(xp, yp, "o", markersize=4, color="tab:purple", label="participants at a sync")
+    ax.set_ylim(0, max([1.0, *ys, *yp]) + 1)
     steps = [r["step"] for r in rec.train]
     for ev in rec.summary.get("diloco_events", []):
         step = _number(ev.get("step")) if isinstance(ev, dict) else None
@@ -311,15 +284,11 @@ def report_figure(run_dir: str | Path | RunRecord) -> Any:
     from matplotlib.ticker import MaxNLocator
 
     rec = run_dir if isinstance(run_dir, RunRecord) else load_run(run_dir)
-    panels = [
-        *(lambda ax, k=k: _panel_loss(ax, rec, k) for k in rec.channels()),
-        lambda ax: _panel_reward(ax, rec),
-        lambda ax: _panel_eval(ax, rec),
-    ]
+    panels = [*(lambda ax, k=k: _panel_loss(ax, rec, k) for k in rec.channels()),
+              lambda ax: _panel_reward(ax, rec), lambda ax: _panel_eval(ax, rec)]
     if _is_diloco(rec):
         panels.append(lambda ax: _panel_diloco(ax, rec))
-    cols = 3
-    rows = math.ceil(len(panels) / cols)
+    cols, rows = 3, math.ceil(len(panels) / 3)
     fig = Figure(figsize=(4.2 * cols, 2.9 * rows))
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False)

@@ -32,8 +32,7 @@ from meshes.launch import LaunchError, slurm_hosts
 from recipes.monarch.config import RecipeConfig, load_config, resume_config
 from recipes.monarch.data import REPO_ROOT, load_agentic_tasks, load_data, resolve_path
 from recipes.monarch.display import Display
-from recipes.monarch.mesh_trainer import MeshReplicas
-from recipes.monarch.replicas import start_diloco
+from recipes.monarch.replicas import MeshReplicas, setup_kwargs, start_diloco
 from recipes.monarch.report import recipe_report
 from recipes.monarch.run_folder import open_run_dir
 
@@ -79,7 +78,6 @@ def replay_pairs(cfg: RecipeConfig, teacher, states, run: RunDir, display: Displ
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # ---------------------------------------------------------------- config: every check before any spawn
     try:
         resuming = args.resume is not None  # `--resume ""` is an error, not a fresh run
         cfg = resume_config(args.resume, args.overrides) if resuming else load_config(args.config, args.overrides)
@@ -97,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     live: dict = {"meshes": None, "diloco": None, "slurm": None}  # what the finally: block stops
     try:
         replicas, spent, n_pairs, dropped = _build(cfg, run, display, states, eval_states, tasks, resuming, live)
-        # ------------------------------------------------------------ training: the one driver
         r = cfg.run
         drive_cfg = DriveConfig(num_steps=cfg.student.num_steps, checkpoint_every=r.checkpoint_every,
                                 keep_last=r.keep_last, resume=resuming, evaluate=r.evaluate, eval_every=r.eval_every)
@@ -112,16 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         display.summary(summary)
         display.message(recipe_report(run.path))  # <run>/report.png: every channel, reward, eval/*
         return 0
-    except (ActorFailure, KeyboardInterrupt) as exc:
+    except (ActorFailure, LaunchError, KeyboardInterrupt) as exc:  # LaunchError: no hosts (a bad SLURM request: 2)
         display.close()
         stopped = isinstance(exc, KeyboardInterrupt)
         print(f"interrupted; stopping every mesh (resume with --resume {run.path})" if stopped else f"error: {exc}",
               file=sys.stderr)
-        return 130 if stopped else 1
-    except LaunchError as exc:  # no hosts: a bad SLURM request (2) or a job that failed or pended (1)
-        display.close()
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return 130 if stopped else getattr(exc, "exit_code", 1)
     finally:
         display.close()
         for key in ("diloco", "meshes"):
@@ -140,7 +133,6 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
     drops)``; the meshes go into ``live`` at once, for the caller to stop."""
     m, d, t = cfg.mesh, cfg.diloco, cfg.teachers
     agentic = cfg.student.rollout.environment == "agentic"
-    # ------------------------------------------------------------ meshes and actors
     display.message(f"run folder {run.path}; spawning meshes ({d.replicas if d.enabled else m.num_replicas} trainer "
                     f"replica(s){', DiLoCo' if d.enabled else ''}{f' on {len(m.workers)} workers' if m.workers else ''})")
     env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -166,7 +158,6 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
         local_device="cpu" if cfg.student.device == "cpu" else resolve_device("auto").type, inject_fault=m.inject_fault,
         threads=m.threads_per_proc, rejected_from_rollout=cfg.rejected_from_rollout()),
         actor="teacher", timeout_s=m.setup_timeout_s, what="setup")
-    # ------------------------------------------------------------ teacher replay -> pairs
     if agentic:
         pairs, spent, dropped = [], 0.0, {}
         display.message(f"{len(tasks[0])} agentic tasks, {len(tasks[1])} held out")
@@ -175,18 +166,16 @@ def _build(cfg: RecipeConfig, run: RunDir, display: Display, states, eval_states
         pairs, spent, dropped = replay_pairs(cfg, teacher, states, run, display, resuming=resuming)
     display.message(f"{len(pairs)} pairs; setting up the student ({cfg.student.model})")
     if d.enabled:  # one proc mesh per replica, a lighthouse here; replicas join at the first step
-        diloco = live["diloco"] = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states,
-                                               pairs=pairs, eval_states=eval_states, tasks=tasks,
-                                               on_event=display.message)
-        setup, replicas = diloco.setup, diloco.trainer
+        replicas = live["diloco"] = start_diloco(cfg, meshes, reducer, run_dir=str(run.path), states=states,
+                                                 pairs=pairs, eval_states=eval_states, tasks=tasks,
+                                                 on_event=display.message)
+        setup = replicas.setup
     else:
         wait(warm, actor="trainer", timeout_s=m.setup_timeout_s, what="warmup")
-        setup = wait(trainer.setup.call(
-            cfg.student, states=states, pairs=pairs, world_size=m.num_replicas, tasks=tasks[0] or None,
-            eval_tasks=tasks[1] or None, tasks_path=None if agentic else cfg.data.tasks,
-            num_eval_prompts=cfg.data.num_eval_prompts, eval_states=eval_states,
-            eval_max_new_tokens=cfg.data.eval_max_new_tokens, inject_fault=m.inject_fault,
-            threads=m.threads_per_proc), actor="trainer", timeout_s=m.setup_timeout_s, what="setup").values()
+        kwargs = setup_kwargs(cfg, states=states, pairs=pairs, eval_states=eval_states, tasks=tasks,
+                              world_size=m.num_replicas)
+        setup = wait(trainer.setup.call(cfg.student, **kwargs), actor="trainer", timeout_s=m.setup_timeout_s,
+                     what="setup").values()
         replicas = MeshReplicas(trainer, reducer, str(run.path), call_timeout_s=m.call_timeout_s)
     (run.path / "processes.json").write_text(json.dumps(
         {"controller": os.getpid(), "teacher": tinfo["pid"], "trainer": [s["pid"] for s in setup]}))

@@ -15,6 +15,7 @@ controller shuts it down or it is killed. Exit codes: 0 stopped, 2 bad arguments
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import socket
@@ -140,10 +141,8 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=_announce_when_listening, args=(args.address, host, port, args.ready_timeout),
                      daemon=True).start()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         run_worker_loop_forever(address=args.address, ca=args.ca)
-    except KeyboardInterrupt:
-        return 0
     return 0
 
 

@@ -94,20 +94,17 @@ class DPPOMaskWarning(UserWarning):
 def _check_shapes(inputs: LossInputs, teacher: Tensor | None, teacher_mask: Tensor | None) -> None:
     """Every tensor ``[seq]`` of one length, ``loss_mask`` / ``teacher_mask`` bool; else a ``ValueError``."""
     fields = ("trainer_logprobs", "inference_logprobs", "ref_logprobs", "advantages", "loss_mask", "loss_weights")
-    named = {k: v for k, v in ({k: getattr(inputs, k) for k in fields} | {"teacher_logprobs": teacher,
-                                                                          "teacher_mask": teacher_mask}).items()
-             if v is not None}
+    named = {k: getattr(inputs, k) for k in fields} | {"teacher_logprobs": teacher, "teacher_mask": teacher_mask}
+    named = {k: v for k, v in named.items() if v is not None}
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape (seq,), got {type(t).__name__}")
         if t.dim() != 1:
             got = "(B, T)" if t.dim() == 2 else f"{t.dim()}-D"
-            raise ValueError(
-                f"expected (seq,) shape, got {got} {tuple(t.shape)} for {name}: PRIME-RL calls the loss once "
-                "per sample with 1-D tensors. Pass one sample per call, e.g. "
-                "LossInputs(trainer_logprobs=x.trainer_logprobs[b], ..., loss_mask=x.loss_mask[b]) for each "
-                "row b (TROUBLESHOOTING §7)"
-            )
+            raise ValueError(f"expected (seq,) shape, got {got} {tuple(t.shape)} for {name}: PRIME-RL calls the loss "
+                             "once per sample with 1-D tensors. Pass one sample per call, e.g. LossInputs("
+                             "trainer_logprobs=x.trainer_logprobs[b], ..., loss_mask=x.loss_mask[b]) for each row b "
+                             "(TROUBLESHOOTING §7)")
     seq = inputs.trainer_logprobs.shape[0]
     wrong = {k: t.shape[0] for k, t in named.items() if t.shape[0] != seq}
     if wrong:
@@ -229,22 +226,15 @@ def _add_distillation(per_token: Tensor, lp: Tensor, ratio: Tensor, probs_diff: 
     if teacher is not None and teacher_source == "ref_logprobs" and not bool((teacher[members] != 0).any()):
         teacher = None  # PRIME-RL's zero filler for a sample that has no reference log-probs
     if teacher is None or alpha_sdpo == 0:
-        return {
-            "composer/distill_tokens": zero,
-            "composer/distill_kl": zero,
-            "composer/distill_is_masked": zero,
-        }, per_token
+        return dict.fromkeys(("composer/distill_tokens", "composer/distill_kl", "composer/distill_is_masked"), zero), \
+            per_token
     teacher = teacher.detach()
     dropped = probs_diff < -distill_mask_low
     keep = members & ~dropped
     gap = teacher - lp.detach()  # [seq]; > 0 where the teacher finds the token likelier than the policy
-    per_token = per_token + alpha_sdpo * -(keep * gap * ratio)
-    metrics = {
-        "composer/distill_tokens": keep.sum().to(zero.dtype),
-        "composer/distill_kl": _safe_mean(-gap, members),
-        "composer/distill_is_masked": _safe_mean(dropped, members),
-    }
-    return metrics, per_token
+    metrics = {"composer/distill_tokens": keep.sum().to(zero.dtype), "composer/distill_kl": _safe_mean(-gap, members),
+               "composer/distill_is_masked": _safe_mean(dropped, members)}
+    return metrics, per_token + alpha_sdpo * -(keep * gap * ratio)
 
 
 loss_fn = composer_loss
