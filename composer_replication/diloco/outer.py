@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - exercised only where torchft is absent
     DiLoCo = Manager = _DummyWork = None
     _TORCHFT_AVAILABLE = False
 
-__all__ = ["DiLoCo", "Manager", "_DummyWork", "_TORCHFT_AVAILABLE", "make_diloco_outer_loop", "FiniteGuard"]
+__all__ = ["DiLoCo", "Manager", "_DummyWork", "_TORCHFT_AVAILABLE", "make_diloco_outer_loop"]
 
 log = logging.getLogger(__name__)
 

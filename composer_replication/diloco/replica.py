@@ -20,8 +20,7 @@ import torch
 from composer_replication.diloco.config import DilocoConfig
 from composer_replication.diloco.outer import make_diloco_outer_loop
 
-__all__ = ["DilocoReplica", "Lighthouse", "NonFiniteReplicaError", "param_sha256", "split_fragments",
-           "shard_training_data"]
+__all__ = ["DilocoReplica", "Lighthouse", "NonFiniteReplicaError", "param_sha256", "shard_training_data"]
 
 log = logging.getLogger(__name__)
 _OUTER_KEYS = ("outer_lr", "outer_momentum", "nesterov", "sync_every", "fragment_sync_delay", "fragment_update_alpha")

@@ -29,7 +29,7 @@ from composer_replication.losses.sequences import SequenceBatch, batch_tensor, d
 from composer_replication.losses.simpo import simpo_loss
 from composer_replication.losses.taid import taid_per_token
 
-__all__ = ["GRPO", "JSD", "TAID", "DPO", "SimPO", "DISTILL_COMPONENTS", "REPLAY_COMPONENTS"]
+__all__ = []
 
 _DPO_KEYS = ("dpo_chosen_input_ids", "dpo_chosen_response_mask", "dpo_rejected_input_ids", "dpo_rejected_response_mask")
 _REF_KEYS = ("dpo_chosen_ref_logprobs", "dpo_rejected_ref_logprobs")

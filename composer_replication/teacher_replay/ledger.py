@@ -23,7 +23,7 @@ from typing import Any
 from composer_replication.teacher_replay.budget import is_amount
 from composer_replication.types import TeacherCallResult
 
-__all__ = ["Ledger", "LedgerLockedError", "ledger_spend"]
+__all__ = ["Ledger", "LedgerLockedError"]
 
 log = logging.getLogger(__name__)
 

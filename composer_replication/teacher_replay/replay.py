@@ -26,7 +26,7 @@ from composer_replication.teacher_replay.keys import SecretKey, resolve_api_key,
 from composer_replication.teacher_replay.ledger import Ledger, request_sha256
 from composer_replication.types import TeacherCallResult, TeacherSpec, TraceState
 
-__all__ = ["TeacherReplayer", "billed", "replay_trace", "replay_trace_sync"]
+__all__ = ["TeacherReplayer", "replay_trace", "replay_trace_sync"]
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from meshes.hosts import ReplicaHosts, is_loopback
 from meshes.replicas import ReplicaSet
 from recipes.monarch.config import RecipeConfig
 
-__all__ = ["MeshReplicas", "DilocoMeshReplicas", "start_diloco", "setup_kwargs", "lighthouse_host"]
+__all__ = ["MeshReplicas", "DilocoMeshReplicas", "start_diloco", "lighthouse_host"]
 
 
 def _fold(reducer: Any, per_rank: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:

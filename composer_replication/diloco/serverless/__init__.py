@@ -17,11 +17,10 @@ from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ServerlessExecutor,
     replica_entrypoint,
-    run_replica,
 )
 from composer_replication.diloco.serverless.manager import DroppedRoundError, MockManager
 from composer_replication.diloco.serverless.store import StoreAccessError
 
-__all__ = ["ObjectStoreAllReduce", "RoundTimeoutError", "RunConflictError", "StoreAccessError", "MockManager",
-           "DroppedRoundError", "ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "ModalExecutor",
-           "HFJobsExecutor", "replica_entrypoint", "run_replica"]
+__all__ = ["ObjectStoreAllReduce", "RoundTimeoutError", "RunConflictError", "StoreAccessError",
+           "MockManager", "DroppedRoundError", "ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor",
+           "ModalExecutor", "HFJobsExecutor", "replica_entrypoint"]

@@ -24,8 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from composer_replication.diloco.serverless.allreduce import ObjectStoreAllReduce
 
-__all__ = ["ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "replica_entrypoint", "resolve_entrypoint",
-           "run_replica", "PollingExecutor", "STATUSES"]
+__all__ = ["ReplicaHandle", "ServerlessExecutor", "LocalProcessExecutor", "replica_entrypoint", "run_replica"]
 
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 _FINAL = ("succeeded", "failed", "cancelled")

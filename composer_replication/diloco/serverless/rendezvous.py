@@ -30,7 +30,7 @@ from typing import Any
 
 from composer_replication.diloco.serverless.store import dump_json, listing, read_json, write_atomic
 
-__all__ = ["RoundTimeoutError", "RunConflictError", "Launch", "open_launch"]
+__all__ = ["RoundTimeoutError", "RunConflictError", "Launch"]
 
 
 SETTLE_S = 0.5

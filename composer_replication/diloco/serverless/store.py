@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StoreAccessError", "CorruptObjectError", "open_store", "encode_tensors", "decode_tensors",
-           "write_atomic", "create_exclusive", "read_json", "dump_json"]
+__all__ = ["StoreAccessError", "CorruptObjectError", "open_store"]
 
 MAGIC = b"CRAR2\n"
 _LEN = struct.Struct("<Q")
