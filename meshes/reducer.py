@@ -1,8 +1,9 @@
 """The ``Reducer`` actor: averages tensors and metrics across trainer replicas.
 
 The averaging itself is two plain functions (:func:`mean_tensors`, :func:`mean_metrics`), unit-tested
-without Monarch; the actor wraps them. DiLoCo (next issue) averages pseudo-gradients with
-``average``; the recipe already folds per-replica step metrics with ``aggregate_metrics``.
+without Monarch; the actor wraps them. Every step's and every evaluation's per-replica metrics are folded here
+(``aggregate_metrics``), DiLoCo's sync keys included; DiLoCo's pseudo-gradients are averaged by torchft's allreduce
+between the replicas themselves (a ring, no hop through this actor).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
     Summed: ``*/num_*`` counts, ``rollout/errors/*``, ``replay/truncated``, ``replay/skipped/*``,
     ``perf/tokens`` and ``perf/tokens_per_s`` (the replicas run in parallel), ``hints/*``, ``rollout/end/*``. A key
     missing or NaN on every replica gives NaN. ``episodes`` (agentic episode records) are concatenated, in replica
-    order.
+    order. DiLoCo's sync keys (``diloco/outer_step``, ``participants``, ``committed``, ``fragment``) are the largest
+    among the replicas that synced this step (``diloco/synced``), and left out when none did.
     """
     keys: list[str] = []
     for rep in replicas:
@@ -61,10 +63,16 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
     if "episodes" in keys:
         keys.remove("episodes")
         out["episodes"] = [e for rep in replicas for e in rep.get("episodes", [])]
+    synced = [rep for rep in replicas if rep.get("diloco/synced")]
+    out.update({k: max(float(r[k]) for r in synced if k in r) for k in keys if k in _SYNC_KEYS and synced})
+    keys = [k for k in keys if k not in _SYNC_KEYS]
     for key in keys:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]
         out[key] = (float(sum(vals)) if _is_summed(key) else sum(vals) / len(vals)) if vals else float("nan")
     return out
+
+
+_SYNC_KEYS = ("diloco/outer_step", "diloco/participants", "diloco/committed", "diloco/fragment")
 
 
 def _is_summed(key: str) -> bool:

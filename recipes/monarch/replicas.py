@@ -73,12 +73,7 @@ class DilocoMeshReplicas:
         """One inner step on every live replica (joining replacements first); folded metrics plus sync keys."""
         per = self.replicas.step(step)
         digests = {i: m.pop("diloco/param_sha256") for i, m in per.items() if "diloco/param_sha256" in m}
-        synced = [m for m in per.values() if m.get("diloco/synced")]
-        out = _fold(self.reducer, list(per.values()), self.timeout_s)
-        for key in ("diloco/outer_step", "diloco/participants", "diloco/committed", "diloco/fragment"):
-            out.pop(key, None)
-            if synced:
-                out[key] = max(float(m[key]) for m in synced)
+        out = _fold(self.reducer, list(per.values()), self.timeout_s)  # sync keys: the synced replicas' largest
         self.last_digests = dict(sorted(digests.items())) or self.last_digests
         out.update({f"diloco/param_sha256/{i}": d for i, d in sorted(digests.items())})
         out.update({"diloco/live_replicas": float(len(per)),

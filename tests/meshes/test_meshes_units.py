@@ -46,6 +46,15 @@ def test_mean_metrics_means_sums_counts_and_skips_nan():
     assert math.isnan(out["x"]) and out["y"] == 4.0
 
 
+def test_mean_metrics_takes_diloco_sync_keys_from_the_replicas_that_synced():
+    synced = {"diloco/synced": 1.0, "diloco/outer_step": 3.0, "diloco/participants": 2.0, "loss/total": 1.0}
+    behind = {"diloco/synced": 0.0, "diloco/outer_step": 9.0, "diloco/participants": 1.0, "loss/total": 3.0}
+    out = mean_metrics([synced, behind])
+    assert out["diloco/outer_step"] == 3.0 and out["diloco/participants"] == 2.0 and out["loss/total"] == 2.0
+    inner = mean_metrics([{**behind, "diloco/synced": 0.0}, {**synced, "diloco/synced": 0.0}])
+    assert "diloco/outer_step" not in inner and "diloco/participants" not in inner  # no sync this step
+
+
 def test_fault_spec_parses_and_fires():
     spec = FaultSpec("trainer:1:3:raise")
     assert (spec.actor, spec.rank, spec.step, spec.mode) == ("trainer", 1, 3, "raise")
