@@ -20,9 +20,7 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,10 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
-
-REPO = Path(__file__).resolve().parents[1]
-
+from benchmarks.report import REPO, metrics_rows, parser, record, run_recipe
 
 # ---------------------------------------------------------------------------- 1. bytes on the wire
 
@@ -112,35 +107,39 @@ def _run(mode: str, trainer: _TinyLM, replica, barrier: threading.Barrier, steps
         trainer.optimizer.step()
 
 
-def bytes_per_step(sync_every: int, steps: int) -> dict[str, float]:
-    """Bytes one replica hands to ``Manager.allreduce`` per inner step: DiLoCo against per-step gradients."""
+def _train_pair(mode: str, sync_every: int, trainers: dict[int, _TinyLM], steps: int,
+                counters: dict[int, list[int]] | None = None) -> None:
+    """Replicas 0 and 1 (threads, a real lighthouse) train ``steps``: DiLoCo, or (``allreduce``) per-step gradients
+    through the same manager; with ``counters``, the bytes each hands to ``Manager.allreduce``."""
     from composer_replication.diloco.config import DilocoConfig
     from composer_replication.diloco.replica import DilocoReplica, Lighthouse
 
     cfg = DilocoConfig(replicas=2, sync_every=sync_every, heartbeat_timeout_ms=1000, quorum_timeout_s=30)
+    lighthouse = Lighthouse(cfg)
+    reps = {i: DilocoReplica(t, cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
+            for i, t in trainers.items()}
+    for i, rep in reps.items():
+        if counters is not None:
+            _count_allreduce(rep.manager, counters[i])
+        if mode == "allreduce":
+            rep.outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in reps]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for rep in reps.values():
+        rep.shutdown()
+    lighthouse.shutdown()
+
+
+def bytes_per_step(sync_every: int, steps: int) -> dict[str, float]:
+    """Bytes one replica hands to ``Manager.allreduce`` per inner step: DiLoCo against per-step gradients."""
     out: dict[str, float] = {}
     for mode in ("diloco", "allreduce"):
-        lighthouse, lock, counters = Lighthouse(cfg), threading.Lock(), {0: [], 1: []}
-        trainers = {i: _TinyLM(i, lock) for i in (0, 1)}
-        reps = {
-            i: DilocoReplica(trainers[i], cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
-            for i in (0, 1)
-        }
-        for i in (0, 1):
-            _count_allreduce(reps[i].manager, counters[i])
-            if mode == "allreduce":
-                reps[i].outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
-        barrier = threading.Barrier(2)
-        threads = [
-            threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in (0, 1)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        for r in reps.values():
-            r.shutdown()
-        lighthouse.shutdown()
+        lock, counters = threading.Lock(), {0: [], 1: []}
+        _train_pair(mode, sync_every, {i: _TinyLM(i, lock) for i in (0, 1)}, steps, counters)
         out[mode] = sum(counters[0]) / steps
     out["ratio"] = out["diloco"] / out["allreduce"]
     return out
@@ -151,9 +150,6 @@ def lm_loss_comparison(steps: int, sync_every: int = 8) -> dict[str, float]:
     against 1 replica (plain AdamW) x 2*``steps``: the same number of training tokens."""
     import torch
 
-    from composer_replication.diloco.config import DilocoConfig
-    from composer_replication.diloco.replica import DilocoReplica, Lighthouse
-
     def held_out(trainer: _TinyLM) -> float:
         with torch.no_grad():
             return statistics.fmean(float(trainer.loss(0, seed=10**6 + k)) for k in range(4))
@@ -162,58 +158,19 @@ def lm_loss_comparison(steps: int, sync_every: int = 8) -> dict[str, float]:
     single = _TinyLM(0, lock, pattern=True)
     for s in range(2 * steps):
         single.train_step(s)
-    cfg = DilocoConfig(replicas=2, sync_every=sync_every, heartbeat_timeout_ms=1000, quorum_timeout_s=30)
-    lighthouse = Lighthouse(cfg)
     trainers = {i: _TinyLM(i, lock, pattern=True) for i in (0, 1)}
-    reps = {
-        i: DilocoReplica(trainers[i], cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
-        for i in (0, 1)
-    }
-    barrier = threading.Barrier(2)
-    threads = [
-        threading.Thread(target=_run, args=("diloco", trainers[i], reps[i], barrier, steps)) for i in (0, 1)
-    ]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for r in reps.values():
-        r.shutdown()
-    lighthouse.shutdown()
-    return {
-        "one": held_out(single),
-        "two": held_out(trainers[0]),
-        "init": held_out(_TinyLM(0, lock, pattern=True)),
-    }
+    _train_pair("diloco", sync_every, trainers, steps)
+    return {"one": held_out(single), "two": held_out(trainers[0]), "init": held_out(_TinyLM(0, lock, pattern=True))}
 
 
 # ---------------------------------------------------------------------------- 2-3. recipe runs
 
 
-def _recipe(folder: Path, *args: str) -> tuple[int, list[dict], dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recipes.monarch.run",
-            "--config",
-            "diloco",
-            f"run.dir={folder}",
-            "run.display=none",
-            "teachers.slugs=[local:tiny]",
-            *args,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"recipe run failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-    return proc.returncode, rows, json.loads((folder / "summary.json").read_text())
+def _recipe(folder: Path, *args: str) -> tuple[list[dict], dict]:
+    """The ``diloco`` preset in ``folder``: its metrics rows and its summary."""
+    rows = run_recipe(folder, "--config", "diloco", "run.display=none", "teachers.slugs=[local:tiny]",
+                      "run.checkpoint_every=0", *args, env={"OMP_NUM_THREADS": "1"}, timeout=1200)
+    return rows, json.loads((folder / "summary.json").read_text())
 
 
 def _tail_loss(rows: list[dict]) -> float:
@@ -223,10 +180,8 @@ def _tail_loss(rows: list[dict]) -> float:
 
 def loss_comparison(root: Path, steps: int) -> dict[str, float]:
     """The diloco preset with 2 replicas x ``steps`` against 1 replica x 2*``steps``."""
-    _, two, s2 = _recipe(root / "two", f"student.num_steps={steps}", "run.checkpoint_every=0")
-    _, one, s1 = _recipe(
-        root / "one", f"student.num_steps={2 * steps}", "run.checkpoint_every=0", "diloco.replicas=1"
-    )
+    two, s2 = _recipe(root / "two", f"student.num_steps={steps}")
+    one, s1 = _recipe(root / "one", f"student.num_steps={2 * steps}", "diloco.replicas=1")
     return {
         "two": _tail_loss(two),
         "one": _tail_loss(one),
@@ -237,12 +192,7 @@ def loss_comparison(root: Path, steps: int) -> dict[str, float]:
 
 def death_and_heal(root: Path, steps: int) -> dict[str, float]:
     """Replica 1 exits at step 5; time to its healed return and the survivor's throughput meanwhile."""
-    _, rows, summary = _recipe(
-        root / "fault",
-        f"student.num_steps={steps}",
-        "run.checkpoint_every=0",
-        "mesh.inject_fault=trainer:1:5:exit",
-    )
+    rows, summary = _recipe(root / "fault", f"student.num_steps={steps}", "mesh.inject_fault=trainer:1:5:exit")
     event = summary["diloco_events"][0]
     stamp = {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
     died, back = stamp[4], stamp[event["rejoined_step"]]  # step 5 starts when step 4's row is written
@@ -299,9 +249,7 @@ def slurm_row(steps: int = 24) -> dict[str, float] | str:
 
 def _steps_done(run_dir: Path) -> dict[int, float]:
     """``{step: time its row was written}`` of the training rows so far."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.exists() else []
-    return {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
+    return {int(r["step"]): r["time"] for r in metrics_rows(run_dir) if "loss/total" in r}
 
 
 def slurm_line(row: dict[str, float] | str) -> str:
@@ -321,12 +269,10 @@ def slurm_line(row: dict[str, float] | str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.diloco", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, prog="python -m benchmarks.diloco")
     p.add_argument("--steps", type=int, default=32, help="inner steps of the bytes measurement")
     p.add_argument("--run-steps", type=int, default=16, help="steps of the 2-replica recipe run")
-    p.add_argument(
-        "--lm-steps", type=int, default=64, help="steps per DiLoCo replica of the LM-loss comparison"
-    )
+    p.add_argument("--lm-steps", type=int, default=64, help="steps per DiLoCo replica of the LM-loss comparison")
     p.add_argument("--skip-runs", action="store_true", help="no recipe runs (bytes and LM loss only)")
     p.add_argument("--slurm-only", action="store_true", help="print the SLURM row only (the page is not written)")
     args = p.parse_args(argv)
@@ -379,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             slurm_line(slurm_row()),
         ]
-    page = write_section("diloco", "\n".join(lines))
-    print(f"wrote {page}")
+    record(args, "diloco", "\n".join(lines))
     return 0
 
 

@@ -17,42 +17,18 @@ to the whole session) to show the cost stays linear.
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import random
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import parser, record
 from composer_replication.ingestion import ClaudeCodeIngester
 
 # ---------------------------------------------------------------------------- synthetic session
-_WORDS = (
-    "the",
-    "test",
-    "fails",
-    "because",
-    "value",
-    "parser",
-    "returns",
-    "None",
-    "when",
-    "input",
-    "is",
-    "empty",
-    "fix",
-    "edge",
-    "case",
-    "module",
-    "function",
-    "import",
-    "error",
-    "line",
-    "file",
-    "check",
-)
+_WORDS = ("the test fails because value parser returns None when input is empty fix edge case module function "
+          "import error line file check").split()
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -74,16 +50,9 @@ class _Writer:
 
     def emit(self, rec: dict, *, chain: bool = True) -> None:
         self.n += 1
-        base = {
-            "parentUuid": self.parent,
-            "isSidechain": False,
-            "userType": "external",
-            "cwd": "/home/dev/project",
-            "sessionId": "bench-0001",
-            "version": "2.1.42",
-            "gitBranch": "main",
-            "timestamp": f"2026-03-01T{self.n // 3600 % 24:02d}:{self.n // 60 % 60:02d}:{self.n % 60:02d}.000Z",
-        }
+        base = {"parentUuid": self.parent, "isSidechain": False, "userType": "external", "cwd": "/home/dev/project",
+                "sessionId": "bench-0001", "version": "2.1.42", "gitBranch": "main",
+                "timestamp": f"2026-03-01T{self.n // 3600 % 24:02d}:{self.n // 60 % 60:02d}:{self.n % 60:02d}.000Z"}
         if chain:
             base["uuid"] = f"{self.n:08x}-0000-4000-8000-{self.n:012x}"
         base.update(rec)
@@ -98,39 +67,18 @@ class _Writer:
         self.emit({"type": "user", "message": {"role": "user", "content": content}})
 
     def assistant(self, msg_id: str, block: dict) -> None:
-        usage = {
-            "input_tokens": 3,
-            "cache_creation_input_tokens": 1200,
-            "cache_read_input_tokens": 45000,
-            "cache_creation": {"ephemeral_5m_input_tokens": 1200, "ephemeral_1h_input_tokens": 0},
-            "output_tokens": 250,
-            "service_tier": "standard",
-        }
-        self.emit(
-            {
-                "type": "assistant",
-                "requestId": f"req_{msg_id}",
-                "message": {
-                    "model": "claude-sonnet-4-5-20250929",
-                    "id": msg_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [block],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": usage,
-                },
-            }
-        )
+        usage = {"input_tokens": 3, "cache_creation_input_tokens": 1200, "cache_read_input_tokens": 45000,
+                 "cache_creation": {"ephemeral_5m_input_tokens": 1200, "ephemeral_1h_input_tokens": 0},
+                 "output_tokens": 250, "service_tier": "standard"}
+        self.emit({"type": "assistant", "requestId": f"req_{msg_id}", "message": {
+            "model": "claude-sonnet-4-5-20250929", "id": msg_id, "type": "message", "role": "assistant",
+            "content": [block], "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
     def turn(self, t: int) -> None:
         rng = self.rng
         msg_id = f"msg_01{t:022d}"
         if rng.random() < 0.5:
-            self.assistant(
-                msg_id,
-                {"type": "thinking", "thinking": _text(rng, rng.randint(20, 80)), "signature": "E" * 200},
-            )
+            self.assistant(msg_id, {"type": "thinking", "thinking": _text(rng, rng.randint(20, 80)), "signature": "E" * 200})
         self.assistant(msg_id, {"type": "text", "text": _text(rng, rng.randint(5, 40))})
         n_calls = rng.choice((0, 1, 1, 1, 2))
         for k in range(n_calls):
@@ -144,82 +92,36 @@ class _Writer:
             self.emit({"type": "progress", "data": {"type": "hook_progress", "hookEvent": "PostToolUse"}})
             err = rng.random() < 0.05
             out = _code(rng, rng.randint(10, 120)) if name != "Edit" else f"The file {path} has been updated."
-            self.emit(
-                {
-                    "type": "user",
-                    "message": {
-                        "role": "user",
-                        "content": [
-                            {"tool_use_id": tid, "type": "tool_result", "is_error": err, "content": out}
-                        ],
-                    },
-                    "toolUseResult": _tool_use_result(rng, name, path, out),
-                }
-            )
+            result = {"tool_use_id": tid, "type": "tool_result", "is_error": err, "content": out}
+            self.emit({"type": "user", "message": {"role": "user", "content": [result]},
+                       "toolUseResult": _tool_use_result(rng, name, path, out)})
         if n_calls == 0:
             self.emit({"type": "system", "subtype": "stop_hook_summary", "hookCount": 1, "hookInfos": []})
             self.emit({"type": "file-history-snapshot", "messageId": msg_id, "snapshot": {}}, chain=False)
             self.user(_text(rng, rng.randint(5, 30)))
         if self.compact_every and self.since_compact > self.compact_every:
             self.parent = None
-            self.emit(
-                {
-                    "type": "system",
-                    "subtype": "compact_boundary",
-                    "logicalParentUuid": "x",
-                    "compactMetadata": {"trigger": "auto", "preTokens": 160000},
-                }
-            )
-            self.emit(
-                {
-                    "type": "user",
-                    "isCompactSummary": True,
-                    "message": {
-                        "role": "user",
-                        "content": "This session is being continued from a previous conversation. "
-                        + _text(rng, 200),
-                    },
-                }
-            )
+            self.emit({"type": "system", "subtype": "compact_boundary", "logicalParentUuid": "x",
+                       "compactMetadata": {"trigger": "auto", "preTokens": 160000}})
+            summary = "This session is being continued from a previous conversation. " + _text(rng, 200)
+            self.emit({"type": "user", "isCompactSummary": True, "message": {"role": "user", "content": summary}})
             self.since_compact = 0
 
 
 def _tool_use_result(rng: random.Random, name: str, path: str, out: str) -> dict:
     """The UI copy Claude Code writes beside each result (``toolUseResult``): as large as the output,
     or larger (an Edit carries the whole original file), as in real sessions."""
+    lines = out.count("\n") + 1
     if name == "Read":
-        return {
-            "type": "text",
-            "file": {
-                "filePath": path,
-                "content": out,
-                "numLines": out.count("\n") + 1,
-                "startLine": 1,
-                "totalLines": 400,
-            },
-        }
+        return {"type": "text", "file": {"filePath": path, "content": out, "numLines": lines, "startLine": 1,
+                                         "totalLines": 400}}
     if name == "Edit":
-        original = _code(rng, rng.randint(60, 240))
-        return {
-            "filePath": path,
-            "oldString": "a",
-            "newString": "b",
-            "originalFile": original,
-            "structuredPatch": [
-                {"oldStart": 10, "oldLines": 1, "newStart": 10, "newLines": 1, "lines": ["-a", "+b"]}
-            ],
-            "userModified": False,
-            "replaceAll": False,
-        }
+        patch = [{"oldStart": 10, "oldLines": 1, "newStart": 10, "newLines": 1, "lines": ["-a", "+b"]}]
+        return {"filePath": path, "oldString": "a", "newString": "b", "originalFile": _code(rng, rng.randint(60, 240)),
+                "structuredPatch": patch, "userModified": False, "replaceAll": False}
     if name == "Bash":
         return {"stdout": out, "stderr": "", "interrupted": False, "isImage": False}
-    return {
-        "mode": "content",
-        "numFiles": 3,
-        "filenames": [],
-        "content": out,
-        "numLines": out.count("\n") + 1,
-    }
+    return {"mode": "content", "numFiles": 3, "filenames": [], "content": out, "numLines": lines}
 
 
 def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int = 0) -> int:
@@ -235,22 +137,22 @@ def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int 
 
 
 # ---------------------------------------------------------------------------- measurement
+def _parse_lines(lines: list) -> int:
+    """``json.loads`` of every non-empty line (bytes or str); the number of lines."""
+    n = 0
+    for line in lines:
+        if line:
+            json.loads(line)
+            n += 1
+    return n
+
+
 def _bare_parse_bytes(path: Path) -> int:
-    n = 0
-    for line in path.read_bytes().split(b"\n"):
-        if line:
-            json.loads(line)
-            n += 1
-    return n
+    return _parse_lines(path.read_bytes().split(b"\n"))
 
 
-def _bare_parse_text(path: Path) -> int:
-    n = 0
-    for line in path.read_bytes().decode("utf-8").split("\n"):
-        if line:
-            json.loads(line)
-            n += 1
-    return n
+def _bare_parse_text(path: Path) -> int:  # one decode, then str lines
+    return _parse_lines(path.read_bytes().decode("utf-8").split("\n"))
 
 
 def _ingester(max_history_tokens: int | None, redact: bool = True):
@@ -304,21 +206,11 @@ def run(mb: float, repeats: int) -> list[dict]:
             t_parse = min(best["bytes"], best["text"])  # the faster of two plain loops
             for label, _every, _budget in cases:
                 n_states, n_msgs = outs[label]
-                rows.append(
-                    {
-                        "file": label,
-                        "mb": size,
-                        "lines": outs["bytes"],
-                        "turns": turns,
-                        "states": n_states,
-                        "avg_msgs": n_msgs / max(1, n_states),
-                        "parse_mb_s": size / t_parse,
-                        "ingest_mb_s": size / best[label],
-                        "ratio": t_parse / best[label],
-                        "off_mb_s": size / best[f"{label} (off)"],
-                        "ratio_off": t_parse / best[f"{label} (off)"],
-                    }
-                )
+                off = best[f"{label} (off)"]
+                rows.append({"file": label, "mb": size, "lines": outs["bytes"], "turns": turns, "states": n_states,
+                             "avg_msgs": n_msgs / max(1, n_states), "parse_mb_s": size / t_parse,
+                             "ingest_mb_s": size / best[label], "ratio": t_parse / best[label],
+                             "off_mb_s": size / off, "ratio_off": t_parse / off})
             path.unlink()
     return rows
 
@@ -330,9 +222,7 @@ def to_markdown(rows: list[dict], cmd: str) -> str:
         "",
         f"Command: `{cmd}`",
         "",
-        f"Machine: {platform.machine()} CPU, {platform.python_implementation()} {platform.python_version()}; "
-        "a 2-core container shared with other jobs at the time (absolute MB/s are noisy, the ratio less so). "
-        "CPU time (`time.process_time`), best of the repeats for each side, both in the same run, over the "
+        "On a machine shared with other jobs absolute MB/s are noisy, the ratio less so. CPU time (`time.process_time`), best of the repeats for each side, both in the same run, over the "
         "same file; the bare parse is the faster of two plain loops (bytes lines, or one decode then str lines).",
         "",
         "Target: ingester rate >= 0.5x the bare parse rate (`json.loads` of every line), with secret redaction on",
@@ -387,26 +277,16 @@ def to_markdown(rows: list[dict], cmd: str) -> str:
 
 def main() -> None:
     """Parse arguments, run, print the table and write the markdown page."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)"
-    )
+    p = parser(__doc__)
+    p.add_argument("--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (the best is kept)")
-    p.add_argument(
-        "--no-record", action="store_true", help="print only; do not update the ingestion section of docs/benchmarks.md"
-    )
     args = p.parse_args()
     rows = run(args.mb, args.repeats)
     for r in rows:
-        print(
-            f"{r['file']:>42}: {r['mb']:.1f} MB, {r['states']} states, {r['avg_msgs']:.0f} msgs/state | "
-            f"bare parse {r['parse_mb_s']:.1f} MB/s | "
-            f"ingester {r['ingest_mb_s']:.1f} MB/s | ratio {r['ratio']:.2f}x (target >= 0.5x) | without "
-            f"redaction {r['off_mb_s']:.1f} MB/s, {r['ratio_off']:.2f}x"
-        )
-    if not args.no_record:
-        cmd = f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}"
-        print(f"wrote {write_section('ingestion', to_markdown(rows, cmd))}")
+        print(f"{r['file']:>42}: {r['mb']:.1f} MB, {r['states']} states, {r['avg_msgs']:.0f} msgs/state | bare parse "
+              f"{r['parse_mb_s']:.1f} MB/s | ingester {r['ingest_mb_s']:.1f} MB/s | ratio {r['ratio']:.2f}x (target >= "
+              f"0.5x) | without redaction {r['off_mb_s']:.1f} MB/s, {r['ratio_off']:.2f}x")
+    record(args, "ingestion", to_markdown(rows, f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}"))
 
 
 if __name__ == "__main__":
