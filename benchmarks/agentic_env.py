@@ -14,13 +14,12 @@ action (the final test run and the baseline run), turns and episodes per second.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import parser, record
 from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, parse_task, run_task
 from composer_replication.rollout.agent.tools import Workspace
 from composer_replication.rollout.sandbox import os_sandbox_status
@@ -96,6 +95,7 @@ def episodes(n: int) -> list[tuple[str, float, float, float]]:
 
 
 def to_markdown(tools: list, eps: list, cmd: str) -> str:
+    """The agentic_env section of docs/benchmarks.md: tool-call latencies, then episodes."""
     lines = ["# Agentic episodes", "", f"`{cmd}`: tool-call latency on a 20-file workspace and episodes of a "
              "fixture task (Read, Edit, Bash running pytest, then the final test run). Median milliseconds; "
              "`off` is the same code path without bubblewrap, measured in alternation.", "",
@@ -115,10 +115,9 @@ def to_markdown(tools: list, eps: list, cmd: str) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=40, help="calls per tool (and per sandbox mode for Bash)")
     p.add_argument("--episodes", type=int, default=6, help="episodes per policy")
-    p.add_argument("--no-record", action="store_true", help="print only; do not update docs/benchmarks.md")
     args = p.parse_args()
     ok, reason = os_sandbox_status()
     if not ok:
@@ -126,8 +125,7 @@ def main() -> None:
     tools, eps = tool_latency(args.calls), episodes(args.episodes)
     md = to_markdown(tools, eps, f"python -m benchmarks.agentic_env --calls {args.calls} --episodes {args.episodes}")
     print(md)
-    if not args.no_record:
-        print(f"wrote {write_section('agentic_env', md)}")
+    record(args, "agentic_env", md)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,12 @@ of 1 s adds up to a second per round, which DiLoCo's rounds of minutes do not no
 Launch::
 
     python -m benchmarks.serverless                       # 2 replicas; 1, 8, 32 MB; writes docs/benchmarks.md
-    python -m benchmarks.serverless --sizes-mb 4 --rounds 3 --no-write
+    python -m benchmarks.serverless --sizes-mb 4 --rounds 3 --no-record
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -29,7 +26,7 @@ import uuid
 
 import torch
 
-from benchmarks.report import write_section
+from benchmarks.report import command, parser, record
 
 # ---------------------------------------------------------------------------- workers
 
@@ -40,16 +37,8 @@ def _store_worker(
     from composer_replication.diloco.serverless import ObjectStoreAllReduce
 
     torch.set_num_threads(1)
-    ar = ObjectStoreAllReduce(
-        uri,
-        rank,
-        world,
-        run_id="bench",
-        timeout_s=300,
-        poll_interval_s=poll,
-        storage_options=options,
-        keep_objects=True,
-    )
+    ar = ObjectStoreAllReduce(uri, rank, world, run_id="bench", timeout_s=300, poll_interval_s=poll,
+                              storage_options=options, keep_objects=True)
     t = torch.full((numel,), float(rank))
     times = []
     for k in range(rounds + 1):
@@ -102,18 +91,9 @@ def _moto() -> tuple[object, dict]:
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    ).create_bucket(Bucket="bench")
-    return server, {
-        "key": "bench",
-        "secret": "bench",
-        "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"},
-    }
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bench",
+                 aws_secret_access_key="bench").create_bucket(Bucket="bench")
+    return server, {"key": "bench", "secret": "bench", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
 
 
 def measure(sizes_mb: list[float], world: int, rounds: int, poll: float) -> list[dict]:
@@ -128,50 +108,28 @@ def measure(sizes_mb: list[float], world: int, rounds: int, poll: float) -> list
             for mb in sizes_mb:
                 numel = int(mb * 2**20) // 4
                 runs = {
-                    "gloo (loopback TCP)": _run(
-                        _gloo_worker, (f"file://{tmp}/gloo-{uuid.uuid4().hex}", numel, rounds), world
-                    ),
-                    "object store, file://": _run(
-                        _store_worker,
-                        (f"file://{tmp}/store-{uuid.uuid4().hex}", {}, numel, rounds, poll),
-                        world,
-                    ),
-                    "object store, s3:// (moto)": _run(
-                        _store_worker,
-                        (f"s3://bench/{uuid.uuid4().hex}", s3_options, numel, rounds, poll),
-                        world,
-                    ),
+                    "gloo (loopback TCP)": (_gloo_worker, (f"file://{tmp}/gloo-{uuid.uuid4().hex}", numel, rounds)),
+                    "object store, file://": (_store_worker, (f"file://{tmp}/store-{uuid.uuid4().hex}", {}, numel,
+                                                              rounds, poll)),
+                    "object store, s3:// (moto)": (_store_worker, (f"s3://bench/{uuid.uuid4().hex}", s3_options,
+                                                                   numel, rounds, poll)),
                 }
-                for name, res in runs.items():
+                for name, (target, args) in runs.items():
+                    res = _run(target, args, world)
                     sec = statistics.median(max(r["times"][k] for r in res) for k in range(rounds))
-                    rows.append(
-                        {
-                            "transport": name,
-                            "mb": mb,
-                            "seconds": sec,
-                            "mb_per_s": mb / sec,
-                            "written": res[0]["written"],
-                            "read": res[0]["read"],
-                        }
-                    )
-                    print(
-                        f"{name:28s} {mb:6.1f} MB  {sec * 1e3:9.1f} ms/round  {mb / sec:8.1f} MB/s",
-                        flush=True,
-                    )
+                    rows.append({"transport": name, "mb": mb, "seconds": sec, "mb_per_s": mb / sec,
+                                 "written": res[0]["written"], "read": res[0]["read"]})
+                    print(f"{name:28s} {mb:6.1f} MB  {sec * 1e3:9.1f} ms/round  {mb / sec:8.1f} MB/s", flush=True)
     finally:
         server.stop()
     return rows
 
 
 def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str) -> str:
+    """The serverless section of docs/benchmarks.md: one row per (transport, size), then what it means."""
     gloo = {r["mb"]: r["seconds"] for r in rows if r["transport"].startswith("gloo")}
     lines = [
-        "# Serverless DiLoCo: object-store allreduce vs gloo",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, shared "
-        f"with other jobs at the time of the run (1-minute load average at the end: {os.getloadavg()[0]:.1f}). "
+        "# Serverless DiLoCo: object-store allreduce vs gloo", "", f"Command: `{cmd}`", "",
         f"{world} replica processes, one float32 tensor per round, median of {rounds} rounds after a warm-up "
         f"(a round ends when the slowest replica has the mean); store poll interval {poll} s; s3:// is a moto "
         "server on 127.0.0.1 (HTTP, no WAN: a real bucket adds its own latency and bandwidth limits).",
@@ -181,16 +139,10 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        moved = (
-            "network, no store"
-            if r["transport"].startswith("gloo")
-            else f"{r['written'] / 2**20:.2f} MB | {r['read'] / 2**20:.2f} MB"
-        )
-        moved = moved if "|" in moved else f"{moved} | {moved}"
-        lines.append(
-            f"| {r['transport']} | {r['mb']:g} | {r['seconds'] * 1e3:.1f} | {r['mb_per_s']:.1f} | "
-            f"{r['seconds'] / gloo[r['mb']]:.1f} | {moved} |"
-        )
+        moved = ("network, no store | network, no store" if r["transport"].startswith("gloo")
+                 else f"{r['written'] / 2**20:.2f} MB | {r['read'] / 2**20:.2f} MB")
+        lines.append(f"| {r['transport']} | {r['mb']:g} | {r['seconds'] * 1e3:.1f} | {r['mb_per_s']:.1f} | "
+                     f"{r['seconds'] / gloo[r['mb']]:.1f} | {moved} |")
     lines += [
         "",
         "Per round each replica uploads its tensor once (plus a header of a few hundred bytes and a "
@@ -201,30 +153,24 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
     ]
     biggest = max(r["mb"] for r in rows)
     model_mb = 135e6 * 4 / 2**20  # SmolLM2-135M's pseudo-gradient in float32
-    for r in rows:
-        if r["mb"] == biggest and not r["transport"].startswith("gloo"):
-            lines.append(
-                f"- At the {biggest:g} MB rate, {r['transport']} would move a 135M-parameter float32 "
-                f"pseudo-gradient ({model_mb:.0f} MB) in about {model_mb / r['mb_per_s']:.0f} s per round "
-                f"(gloo: {model_mb / next(g['mb_per_s'] for g in rows if g['mb'] == biggest and g['transport'].startswith('gloo')):.1f} s)."
-            )
+    gloo_s = model_mb / (biggest / gloo[biggest])
+    lines += [f"- At the {biggest:g} MB rate, {r['transport']} would move a 135M-parameter float32 pseudo-gradient "
+              f"({model_mb:.0f} MB) in about {model_mb / r['mb_per_s']:.0f} s per round (gloo: {gloo_s:.1f} s)."
+              for r in rows if r["mb"] == biggest and not r["transport"].startswith("gloo")]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 8.0, 32.0], help="tensor sizes in MB")
     p.add_argument("--replicas", type=int, default=2, help="replica processes")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per size (after one warm-up)")
     p.add_argument("--poll-interval-s", type=float, default=0.01, help="store poll interval")
-    p.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)
     rows = measure(args.sizes_mb, args.replicas, args.rounds, args.poll_interval_s)
-    cmd = "python -m benchmarks.serverless" + (" " + " ".join(argv) if argv else "")
-    md = to_markdown(rows, args.replicas, args.rounds, args.poll_interval_s, cmd)
+    md = to_markdown(rows, args.replicas, args.rounds, args.poll_interval_s, command("serverless", argv))
     print(md)
-    if not args.no_write:
-        print(f"wrote {write_section('serverless', md)}")
+    record(args, "serverless", md)
 
 
 if __name__ == "__main__":

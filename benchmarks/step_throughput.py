@@ -16,14 +16,12 @@ whole step, generation included), after one warm-up step each. The CPU seconds o
 ``--ablate`` also times the engine with shared-prefix generation off (``rollout.generate.shared_prefix_cache``)
 and with the loss's shared-prefix decoding off (``LossConfig.share_prefix=False``), in the same run.
 
-Writes its section of docs/benchmarks.md (``--no-write`` to skip).
+Writes its section of docs/benchmarks.md (``--no-record`` to skip).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -31,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.report import write_section
+from benchmarks.report import parser, record
 
 
 def _states(n: int) -> list[dict[str, Any]]:
@@ -129,7 +127,7 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.step_throughput", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, prog="python -m benchmarks.step_throughput")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default) or tiny")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--generations", type=int, default=4, help="samples per prompt (G)")
@@ -140,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default); 1 on a machine shared with other jobs, where threads "
                         "that wait for each other's core make both sides' times meaningless")
-    p.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -158,11 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in sides:
         print(f"{k}: {samples / wall[k]:.3f} samples/s (median {wall[k]:.2f} s/step, {cpu[k]:.2f} CPU s/step)")
     print(f"ratio engine / TRL: {ratio:.2f}x wall clock, {cpu[t] / cpu[e]:.2f}x CPU time (target >= 1.5x)")
-    if not args.no_write:
-        write_section("step_throughput", f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
+    record(args, "step_throughput", f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
 
-`python -m benchmarks.step_throughput` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU
-cores, torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x {args.generations} samples,
+`python -m benchmarks.step_throughput` (torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x {args.generations} samples,
 {args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
 {args.steps} steps after one warm-up, generation included; {torch.get_num_threads()} torch thread(s).
 
