@@ -173,6 +173,11 @@ def _recipe(folder: Path, *args: str) -> tuple[list[dict], dict]:
     return rows, json.loads((folder / "summary.json").read_text())
 
 
+def _identical(summary: dict) -> float:
+    """1.0 when every replica ended with the same parameters (``replica_param_sha256``)."""
+    return float(len(set(summary["replica_param_sha256"].values())) == 1)
+
+
 def _tail_loss(rows: list[dict]) -> float:
     losses = [r["loss/total"] for r in rows if "loss/total" in r]
     return statistics.fmean(losses[-max(1, len(losses) // 4) :])
@@ -182,30 +187,20 @@ def loss_comparison(root: Path, steps: int) -> dict[str, float]:
     """The diloco preset with 2 replicas x ``steps`` against 1 replica x 2*``steps``."""
     two, s2 = _recipe(root / "two", f"student.num_steps={steps}")
     one, s1 = _recipe(root / "one", f"student.num_steps={2 * steps}", "diloco.replicas=1")
-    return {
-        "two": _tail_loss(two),
-        "one": _tail_loss(one),
-        "eval_two": s2["eval_end"]["eval/mean"],
-        "eval_one": s1["eval_end"]["eval/mean"],
-    }
+    return {"two": _tail_loss(two), "one": _tail_loss(one), "eval_two": s2["eval_end"]["eval/mean"],
+            "eval_one": s1["eval_end"]["eval/mean"]}
 
 
 def death_and_heal(root: Path, steps: int) -> dict[str, float]:
     """Replica 1 exits at step 5; time to its healed return and the survivor's throughput meanwhile."""
-    rows, summary = _recipe(root / "fault", f"student.num_steps={steps}", "mesh.inject_fault=trainer:1:5:exit")
+    _, summary = _recipe(root / "fault", f"student.num_steps={steps}", "mesh.inject_fault=trainer:1:5:exit")
     event = summary["diloco_events"][0]
-    stamp = {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
+    stamp = _steps_done(root / "fault")
     died, back = stamp[4], stamp[event["rejoined_step"]]  # step 5 starts when step 4's row is written
-    before = 4 / (stamp[4] - stamp[0])
-    during = (event["rejoined_step"] - 4) / (back - died)
-    return {
-        "heal_s": back - died,
-        "steps_down": event["rejoined_step"] - 5,
-        "before_steps_per_s": before,
-        "during_steps_per_s": during,
-        "restarts": summary["restarts"]["1"],
-        "identical": float(len(set(summary["replica_param_sha256"].values())) == 1),
-    }
+    return {"heal_s": back - died, "steps_down": event["rejoined_step"] - 5,
+            "before_steps_per_s": 4 / (stamp[4] - stamp[0]),
+            "during_steps_per_s": (event["rejoined_step"] - 4) / (back - died),
+            "restarts": summary["restarts"]["1"], "identical": _identical(summary)}
 
 
 # ---------------------------------------------------------------------------- 4. on a real SLURM
@@ -239,12 +234,8 @@ def slurm_row(steps: int = 24) -> dict[str, float] | str:
         stamp = _steps_done(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
     event = summary["diloco_events"][0]
-    return {
-        "first_step_s": stamp[0] - summary["slurm_submitted_at"],
-        "noticed_s": stamp[event["step"]] - killed,
-        "heal_s": stamp[event["rejoined_step"]] - killed,
-        "identical": float(len(set(summary["replica_param_sha256"].values())) == 1),
-    }
+    return {"first_step_s": stamp[0] - summary["slurm_submitted_at"], "noticed_s": stamp[event["step"]] - killed,
+            "heal_s": stamp[event["rejoined_step"]] - killed, "identical": _identical(summary)}
 
 
 def _steps_done(run_dir: Path) -> dict[int, float]:
@@ -279,26 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.slurm_only:
         print(slurm_line(slurm_row()))
         return 0
-    lines = [
-        "# DiLoCo on meshes (`python -m benchmarks.diloco`)",
-        "",
-        "Two replicas of the tiny student on this machine (2 shared CPU cores, loopback gloo).",
-        "",
-        "| sync_every | DiLoCo bytes / inner step | per-step allreduce bytes / step | ratio | 1/sync_every |",
-        "|---|---|---|---|---|",
-    ]
+    lines = ["# DiLoCo on meshes (`python -m benchmarks.diloco`)", "",
+             "Two replicas of the tiny student on this machine (loopback gloo).", "",
+             "| sync_every | DiLoCo bytes / inner step | per-step allreduce bytes / step | ratio | 1/sync_every |",
+             "|---|---|---|---|---|"]
     for h in (2, 8, 32):
         b = bytes_per_step(h, args.steps)
-        lines.append(
-            f"| {h} | {b['diloco'] / 1e6:.3f} MB | {b['allreduce'] / 1e6:.3f} MB | {b['ratio']:.4f} | "
-            f"{1 / h:.4f} |"
-        )
+        lines.append(f"| {h} | {b['diloco'] / 1e6:.3f} MB | {b['allreduce'] / 1e6:.3f} MB | {b['ratio']:.4f} | "
+                     f"{1 / h:.4f} |")
         print(lines[-1], flush=True)
     lm = lm_loss_comparison(args.lm_steps)
     lm_gap = (lm["two"] - lm["one"]) / lm["one"]
     lines += [
-        "",
-        "Held-out LM loss on the same training tokens (tiny student, a learnable sequence task, "
+        "", "Held-out LM loss on the same training tokens (tiny student, a learnable sequence task, "
         f"`lm_loss_comparison`, sync_every 8): 2 DiLoCo replicas x {args.lm_steps} steps **{lm['two']:.4f}**, "
         f"1 replica x {2 * args.lm_steps} steps **{lm['one']:.4f}** (untrained {lm['init']:.3f}): DiLoCo "
         f"{100 * lm_gap:+.1f} % against one replica (target: at most 5 % worse).",
@@ -310,19 +294,16 @@ def main(argv: list[str] | None = None) -> int:
             gap = abs(lc["two"] - lc["one"]) / max(abs(lc["one"]), 1e-12)
             dh = death_and_heal(Path(tmp), 32)
         lines += [
-            "",
-            f"The `diloco` preset itself (last quarter's mean `loss/total`, an RL loss near 0 whose value is noise "
+            "", f"The `diloco` preset itself (last quarter's mean `loss/total`, an RL loss near 0 whose value is noise "
             f"at this size, so the LM figure above is the comparison): "
             f"2 replicas x {args.run_steps} steps **{lc['two']:.4g}**, 1 replica x {2 * args.run_steps} "
             f"steps **{lc['one']:.4g}** (gap {100 * gap:.1f} %, target 5 %); final greedy eval reward "
-            f"{lc['eval_two']:.3f} vs {lc['eval_one']:.3f}.",
-            "",
+            f"{lc['eval_two']:.3f} vs {lc['eval_one']:.3f}.", "",
             f"A replica's death (`mesh.inject_fault=trainer:1:5:exit`): back and healed **{dh['heal_s']:.1f} s** "
             f"after it died ({dh['steps_down']} steps without it; Monarch reports the death after ~10 s, then a "
             f"fresh proc mesh imports torch and loads the model); the survivor ran **{dh['during_steps_per_s']:.2f}"
             f" steps/s** meanwhile against {dh['before_steps_per_s']:.2f} before (it waits for the death report "
-            f"once, then trains alone); parameters identical at the end: {bool(dh['identical'])}.",
-            "",
+            f"once, then trains alone); parameters identical at the end: {bool(dh['identical'])}.", "",
             slurm_line(slurm_row()),
         ]
     record(args, "diloco", "\n".join(lines))
