@@ -1,18 +1,15 @@
 """Throughput of ClaudeCodeIngester against the bare JSON parse of the same file.
 
-Why: ingestion runs over months of sessions; it must cost about what reading the JSON costs, and
-its history building must stay linear in the session length (no per-turn walk or copy of the
-whole history). Target: ingester MB/s >= 0.5x the rate of ``json.loads`` over every line, with
-secret redaction on (the default, what users run); the rate without it is reported beside it.
+Ingestion must cost about what reading the JSON costs and stay linear in the session length. Target:
+ingester MB/s >= 0.5x the rate of ``json.loads`` over every line, secret redaction on (the default); the
+rate without it is reported beside it.
 
     python -m benchmarks.ingestion [--mb 50] [--repeats 3] [--no-record]
 
-A synthetic v2.1-style session is generated in a temp folder (seeded): user prompts, assistant
-turns written one content block per line (text, thinking, tool_use) with tool results of 0.5-8 kB
-and their ``toolUseResult`` UI copies (a Read repeats the file text, an Edit carries the original
-file, as Claude Code writes them), progress / stop-hook / snapshot records and a compaction about
-every 600 kB (as Claude Code does near its context limit). A second file of the same size has no compaction at all (histories grow
-to the whole session) to show the cost stays linear.
+The synthetic v2.1-style session (seeded, in a temp folder): user prompts, assistant turns one content
+block per line (text, thinking, tool_use), tool results of 0.5-8 kB with their ``toolUseResult`` UI copies
+(a Read repeats the text, an Edit carries the original file), progress / stop-hook / snapshot records, a
+compaction about every 600 kB; a second file of the same size has none (histories grow to the whole session).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Chunked vs naive three-channel loss: peak memory, time and loss equality, forward + backward.
 
-Why: DESIGN.md section 4.5 targets a fraction of the naive peak memory at near the naive speed for the
-log-prob and distillation losses at SmolLM2's vocabulary. This runs ``compose_loss`` with all three
-channels on (GRPO with rollout keys, generalized-JSD self-distillation, DPO) once with naive full
-logits (``chunk_size=None``) and once per chunk size, each in a fresh subprocess, and compares.
-
-Model: a random Llama with SmolLM2-135M's hidden size (576) and vocabulary (49152) but 2 layers (the
-lm_head/vocabulary part, which the kernels change, is the full size; the decoder is cut short).
-
-Memory: peak RSS of the worker process during one forward + backward, minus its RSS just before
-(``/proc/self/clear_refs`` resets the high-water mark; glibc is told to mmap every allocation above
-64 KiB so freed buffers leave RSS); on CUDA, ``torch.cuda.max_memory_allocated``.
-
-Launch::
+DESIGN.md section 4.5 targets a fraction of the naive peak memory at near the naive speed at SmolLM2's
+vocabulary. ``compose_loss`` with all three channels (GRPO with rollout keys, generalized-JSD
+self-distillation, DPO) runs with full logits (``chunk_size=None``) and once per chunk size, each in a
+fresh subprocess, on a random Llama with SmolLM2-135M's hidden size (576) and vocabulary (49152) but 2
+layers. Memory: the worker's peak RSS during one forward + backward minus its RSS before
+(``/proc/self/clear_refs`` resets the high-water mark; glibc mmaps every allocation above 64 KiB so freed
+buffers leave RSS); on CUDA, ``torch.cuda.max_memory_allocated``.
 
     python -m benchmarks.losses                       # B=2, T=1024, chunk sizes 1024 and 256
     python -m benchmarks.losses --chunk-sizes 1024 256 128 --response-frac 1.0 --no-record

@@ -1,13 +1,10 @@
 """Teacher-replay throughput against a fake OpenAI-compatible server: measured vs ideal.
 
-Why: the replay client should keep ``max_concurrency`` calls in flight all the time, so that its
-wall time approaches ``calls x latency / concurrency``. Real teacher calls take seconds, so this runs
-600 states x 3 teachers against ``benchmarks/fake_openai_server.py`` at 2 s of latency per call and
-concurrency 128 on the stock ``httpx.AsyncClient``, computes the ideal in the same run, and reports
-the achieved rate as a fraction of the ideal (target >= 0.85). The ideal ignores the replay's one
-deliberate serial step: each teacher's first call runs alone until its bill is known (see
-``docs/teacher_replay.md``), which costs one latency at the start. The fake server runs in a
-separate process (so its Python threads do not share the client's GIL), unless ``--in-process``.
+The client should keep ``max_concurrency`` calls in flight, so that its wall time approaches ``calls x
+latency / concurrency``: 600 states x 3 teachers against ``benchmarks/fake_openai_server.py`` (its own
+process unless ``--in-process``, so its threads do not share the client's GIL) at 2 s per call on the stock
+``httpx.AsyncClient``; the achieved rate as a fraction of the ideal, target >= 0.85 (the ideal ignores one
+deliberate latency: each teacher's first call runs alone until its bill is known, docs/teacher_replay.md).
 Also measured: the same replay with the write-ahead ledger (two fsync'ed records per call).
 
     python -m benchmarks.replay            # prints a table, updates its section of docs/benchmarks.md

@@ -1,22 +1,16 @@
 """Step throughput: the engine's GRPO step against TRL's ``GRPOTrainer``, side by side in one run.
 
-Both train the same model (the embedded SmolLM2-135M by default) on the same prompts (the bundled
-sessions' trace states), with the same ``num_generations``, ``max_new_tokens``, temperature, loss type
-(``dapo``), batch (``prompts x G`` samples per optimizer step), no KL term, and one optimizer step per
-generation batch; both score with the same next-action reward. Only channel 1 runs (channels 2 and 3
-are TRL extensions). The figure is samples per second (generated completions per wall-clock second of a
-whole step, generation included), after one warm-up step each. The CPU seconds of this process per step
-(all threads) are given too: on a machine shared with other jobs they move far less than the wall clock.
+Same model (SmolLM2-135M by default), prompts (the bundled sessions' states), ``num_generations``,
+``max_new_tokens``, temperature, loss (``dapo``), batch (``prompts x G``), no KL, one optimizer step per
+generation batch, the same next-action reward; channel 1 only (2 and 3 are TRL extensions). Figure: samples
+per wall-clock second of a whole step (generation included) after one warm-up step, with this process's CPU
+seconds per step beside it (steadier on a shared machine). ``--ablate`` also times the engine without
+shared-prefix generation (``rollout.generate.shared_prefix_cache``) and without the loss's shared-prefix
+decoding (``LossConfig.share_prefix=False``).
 
     python -m benchmarks.step_throughput                      # SmolLM2, 2 prompts x 4, 32 tokens, 3 steps
-    python -m benchmarks.step_throughput --model tiny --steps 2
-    python -m benchmarks.step_throughput --ablate             # + the engine without its shared-prefix speed-ups
-    python -m benchmarks.step_throughput --threads 1          # on a machine shared with other jobs
-
-``--ablate`` also times the engine with shared-prefix generation off (``rollout.generate.shared_prefix_cache``)
-and with the loss's shared-prefix decoding off (``LossConfig.share_prefix=False``), in the same run.
-
-Writes its section of docs/benchmarks.md (``--no-record`` to skip).
+    python -m benchmarks.step_throughput --model tiny --steps 2 --no-record
+    python -m benchmarks.step_throughput --ablate --threads 1  # threads 1 on a machine shared with other jobs
 """
 
 from __future__ import annotations
