@@ -4,15 +4,12 @@
     python -m benchmarks.agentic --seeds 1 student.num_steps=4       # a quick look
     python -m benchmarks.agentic --out runs/bench-agentic --reuse    # read seeds already run there
 
-Each seed is one full ``python -m recipes.monarch.run --config agentic`` (own controller and meshes), one after
-the other, with an evaluation every ``run.eval_every`` steps: one greedy episode per held-out task (tasks that enter
-no training channel), in the sandbox, scored by the tests. It reports, per seed, the held-out ``eval/solve_rate``
-and ``eval/mean_reward`` at the start and the end, and what else the episodes show (``well_formed_call_rate``: turns
-with a valid tool call; ``tool_calls`` per episode; ``tool_error_rate``; ``mean_turns``), the training episodes'
-turns, and the throughput (episode turns per second of step time). The rule (issue #21): the held-out solve rate or
-mean reward rises in every seed and its mean gain exceeds twice its standard deviation; when neither does, the
-table says so and shows what moved. It draws the curves into ``docs/img/agentic.png`` and writes its section of
-docs/benchmarks.md.
+Each seed is one full ``python -m recipes.monarch.run --config agentic``, one after the other, evaluated every
+``run.eval_every`` steps by one greedy episode per held-out task, in the sandbox, scored by the tests. Per seed:
+``eval/solve_rate`` and ``eval/mean_reward`` at start and end, what else the episodes show
+(``well_formed_call_rate``, ``tool_calls``, ``tool_error_rate``, ``mean_turns``) and the throughput (episode
+turns per second of step time). Rule (issue #21): the solve rate or mean reward rises in every seed and its
+mean gain exceeds twice its std; when neither does, the table shows what moved. Curves: ``docs/img/agentic.png``.
 """
 
 from __future__ import annotations

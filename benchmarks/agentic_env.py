@@ -1,15 +1,14 @@
 """Throughput of agentic episodes and what the OS sandbox adds to a tool call.
 
-Why: an agentic GRPO step runs G episodes of several turns per task; the environment must cost little
-next to sampling. Target (issue #21): bubblewrap adds at most 50 ms per tool call at the median.
+An agentic GRPO step runs G episodes of several turns per task; the environment must cost little next to
+sampling. Target (issue #21): bubblewrap adds at most 50 ms per tool call at the median.
 
     python -m benchmarks.agentic_env [--calls 40] [--episodes 6] [--no-record]
 
-Tool calls: each tool on a small workspace, one call at a time; Bash and Grep (the calls that run
-in the sandbox) run with ``os_sandbox="require"`` (bubblewrap) and ``"off"`` (the same code path
-without namespaces) in alternation, so the overhead is a difference measured side by side. Episodes: a fixture task
-replayed from its recorded fix (Read, Edit, Bash running pytest, the final test run), and with no
-action (the final test run and the baseline run), turns and episodes per second.
+Tool calls: each tool on a small workspace, one call at a time; Bash and Grep (sandboxed) alternate
+``os_sandbox="require"`` (bubblewrap) and ``"off"`` (the same code path without namespaces), so the overhead
+is a difference measured side by side. Episodes: a fixture task replayed from its recorded fix (Read, Edit,
+Bash running pytest, the final test run), and with no action; turns and episodes per second.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """DiLoCo on meshes: bytes on the wire, loss against one replica, and the cost of losing a replica.
 
-    python -m benchmarks.diloco                 # all three parts, figures into docs/benchmarks.md
-    python -m benchmarks.diloco --skip-runs     # the bytes part only (no recipe runs, ~1 min)
+    python -m benchmarks.diloco                 # every part, figures into docs/benchmarks.md
+    python -m benchmarks.diloco --skip-runs     # bytes and LM loss only (no recipe runs, ~1 min)
 
-1. **Bytes per inner step.** Two replicas of the tiny student (threads of this process, a real torchft
-   lighthouse and gloo) train ``N`` inner steps with DiLoCo, and again with a per-step gradient allreduce
-   through the same torchft ``Manager`` (DDP-style). Every tensor handed to ``Manager.allreduce`` is
-   counted. Expected ratio: about ``1/sync_every``.
-2. **Loss, 2 replicas against 1 on the same total tokens.** The ``diloco`` preset (2 replicas x S steps)
-   against the same preset with ``diloco.replicas=1`` and 2 x S steps, both through ``recipes.monarch.run``.
-   Compared: the mean ``loss/total`` over the last quarter of each run and the final evaluation. Target:
-   within 5 %.
-3. **A replica's death.** The ``diloco`` preset with replica 1 calling ``os._exit`` at step 5: the time
-   from its death (the start of step 5) to its healed return (the step after which it trains with the
-   group again), and the survivor's steps/s meanwhile against before.
+1. **Bytes per inner step.** Two replicas of the tiny student (threads, a real torchft lighthouse, gloo) train
+   ``N`` inner steps with DiLoCo, and with a per-step gradient allreduce through the same torchft ``Manager``;
+   every tensor handed to ``Manager.allreduce`` is counted. Expected ratio: about ``1/sync_every``. Then the
+   held-out LM loss of 2 DiLoCo replicas against 1 on the same tokens (target: at most 5 % worse).
+2. **The ``diloco`` preset, 2 replicas x S steps against ``diloco.replicas=1`` x 2S** (``recipes.monarch.run``):
+   the mean ``loss/total`` of the last quarter and the final evaluation (target: within 5 %).
+3. **A replica's death** (replica 1 calls ``os._exit`` at step 5): the time to its healed return, and the
+   survivor's steps/s meanwhile against before.
 4. **On a real SLURM** (``--slurm-only`` prints just this row): the ``slurm`` preset on a local two-node SLURM,
-   the time from submission to the first step and the heal time after a node's host process is killed.
+   submission to first step and the heal time after a node's host process is killed.
 """
 
 from __future__ import annotations

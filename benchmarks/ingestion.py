@@ -278,12 +278,9 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (the best is kept)")
     args = p.parse_args()
-    rows = run(args.mb, args.repeats)
-    for r in rows:
-        print(f"{r['file']:>42}: {r['mb']:.1f} MB, {r['states']} states, {r['avg_msgs']:.0f} msgs/state | bare parse "
-              f"{r['parse_mb_s']:.1f} MB/s | ingester {r['ingest_mb_s']:.1f} MB/s | ratio {r['ratio']:.2f}x (target >= "
-              f"0.5x) | without redaction {r['off_mb_s']:.1f} MB/s, {r['ratio_off']:.2f}x")
-    record(args, "ingestion", to_markdown(rows, f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}"))
+    md = to_markdown(run(args.mb, args.repeats), f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}")
+    print(md)
+    record(args, "ingestion", md)
 
 
 if __name__ == "__main__":

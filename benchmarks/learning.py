@@ -4,14 +4,13 @@
     python -m benchmarks.learning --preset tiny --seeds 2 student.num_steps=8
     python -m benchmarks.learning run.eval_every=8                   # the curve, an evaluation every 8 steps
 
-Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), one after the other.
-Every run evaluates on the held-out sessions (whole sessions that enter no training channel) at its start
-and at its end; the benchmark reads ``eval_start`` / ``eval_end`` from each run's ``summary.json`` and the
-``eval/*`` rows of ``metrics.jsonl`` (the curve). It reports, per seed, the held-out agreement with the
-recorded action (``eval/agreement_partial``: partial credit per tool call; ``eval/agreement``: exact),
-the well-formed call rate and the training reward; then the mean gain over seeds and its standard
-deviation. The rule: the agreement rises in every seed and the mean gain exceeds twice its standard
-deviation. It draws the curves into ``docs/img/learning.png`` and writes its section of docs/benchmarks.md.
+Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), one after the other,
+evaluated on the held-out sessions (entering no training channel) at its start and end (``eval_start`` /
+``eval_end`` of ``summary.json``, the curve from the ``eval/*`` rows of ``metrics.jsonl``). Per seed: the
+agreement with the recorded action (``eval/agreement_partial``: partial credit per tool call;
+``eval/agreement``: exact), the well-formed call rate and the training reward; then the mean gain and its
+std over seeds. Rule: the agreement rises in every seed and the mean gain exceeds twice its std. The
+curves go to ``docs/img/learning.png``.
 """
 
 from __future__ import annotations

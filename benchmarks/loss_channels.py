@@ -1,14 +1,10 @@
 """Every channel's loss and gradient norm on the ``benchmarks.losses`` batch, for every loss variant.
 
-Why: a refactor of the loss library must not change a single bit of what it computes. This prints,
-for channel 3 in {dpo, simpo} x channel 2 in {jsd (``sdpo_wrapper="none"``), taid, entropy_opd}, the
-value of each channel (the spec fields ``lm_ce`` (channel 1, GRPO here), ``sdpo_jsd``,
-``trace_replay_dpo`` and ``total``) and the global L2 norm of the gradient of each channel alone,
-as exact ``float.hex`` strings. Run it before and after a change and ``diff`` the outputs.
-
-Only the spec's keyword API of ``compose_loss`` is used, so the script runs on any version.
-
-Launch::
+A refactor of the loss library must not change a bit of what it computes. For channel 3 in {dpo, simpo} x
+channel 2 in {jsd (``sdpo_wrapper="none"``), taid, entropy_opd} this prints each channel's value (``lm_ce``
+(GRPO here), ``sdpo_jsd``, ``trace_replay_dpo``, ``total``) and the global L2 norm of its gradient alone, as
+exact ``float.hex`` strings, through the spec's keyword API of ``compose_loss`` only: ``diff`` the output of
+a run before and after a change.
 
     python -m benchmarks.loss_channels                   # B=2, T=256, chunk sizes 256 and naive
     python -m benchmarks.loss_channels --seq 1024 --chunk-sizes 256

@@ -3,12 +3,11 @@
     python -m benchmarks.recipe_overhead                    # tiny preset, 8 steps
     python -m benchmarks.recipe_overhead --preset single_node --steps 6
 
-Both sides train the same ``StudentConfig`` on the same states and pairs (replayed once, in this
-process, before either side starts): ``run_plain`` in this process, then a ``StudentTrainer`` actor
-on a trainer proc mesh with the ``Reducer`` folding its metrics and the controller logging them to a
-run folder, exactly as ``recipes.monarch.run`` does. The compared figure is the median wall time per
-step between consecutive logged steps (step 0, the warm-up, excluded); setup is reported apart.
-Target: mesh / plain <= 1.10. Same seed on both sides, so the losses must also match exactly.
+Both sides train the same ``StudentConfig`` on the same states and pairs (replayed once, here, first):
+``run_plain`` in this process, then a ``StudentTrainer`` actor on a trainer proc mesh with the ``Reducer``
+folding its metrics and the controller logging them, as ``recipes.monarch.run`` does. Compared: the median
+wall time between consecutive logged steps (step 0 excluded; setup apart). Target: mesh / plain <= 1.10;
+same seed on both sides, so the losses must match exactly.
 """
 
 from __future__ import annotations
@@ -99,16 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     restore()
     plain = statistics.median(b - a for a, b in zip(ps, ps[1:]))  # median: robust to other jobs' spikes
     mesh = statistics.median(b - a for a, b in zip(ms, ms[1:]))
-    print(f"preset {args.preset}, {cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs")
-    print(f"{'side':<6} {'setup+step0 (s)':>16} {'median s/step':>14}\n{'plain':<6} {psetup:>16.2f} {plain:>14.3f}\n"
-          f"{'mesh':<6} {msetup:>16.2f} {mesh:>14.3f}\nratio mesh/plain (s/step): {mesh / plain:.3f}  (target <= 1.10)\n"
-          f"identical losses on both sides: {ptot == mtot}")
     md = (f"# Recipe overhead: plain loop vs meshes\n\nCommand: `{command('recipe_overhead', argv)}` (preset `{args.preset}`, "
           f"{cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs; median wall time per step, "
           "step 0 excluded)\n\n| side | setup + step 0 (s) | median s / step |\n|---|---|---|\n"
           f"| plain (`run_plain`) | {psetup:.2f} | {plain:.3f} |\n| mesh (`StudentTrainer` + `Reducer`) | {msetup:.2f} | "
           f"{mesh:.3f} |\n\n**mesh / plain: {mesh / plain:.3f}** (target <= 1.10: "
           f"{'met' if mesh / plain <= 1.10 else 'not met'}); identical losses on both sides: {ptot == mtot}.\n")
+    print(md)
     record(args, "recipe_overhead", md)
     return 0
 

@@ -2,7 +2,7 @@
 
 The client should keep ``max_concurrency`` calls in flight, so that its wall time approaches ``calls x
 latency / concurrency``: 600 states x 3 teachers against ``benchmarks/fake_openai_server.py`` (its own
-process unless ``--in-process``, so its threads do not share the client's GIL) at 2 s per call on the stock
+own process, so its threads do not share the client's GIL) at 2 s per call on the stock
 ``httpx.AsyncClient``; the achieved rate as a fraction of the ideal, target >= 0.85 (the ideal ignores one
 deliberate latency: each teacher's first call runs alone until its bill is known, docs/teacher_replay.md).
 Also measured: the same replay with the write-ahead ledger (two fsync'ed records per call).
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.fake_openai_server import FakeOpenAIServer
-from benchmarks.report import REPO, parser, record
+from benchmarks.report import REPO, command, parser, record
 from composer_replication.teacher_replay import replay_trace
 
 TARGET = 0.85
@@ -35,27 +34,15 @@ def _states(n: int) -> list[dict]:
             for i in range(n)]
 
 
-def _start_server(latency: float, in_process: bool) -> tuple[str, object]:
-    if in_process:
-        srv = FakeOpenAIServer(latency_s=latency).start()
-        return srv.base_url, srv
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fake_openai_server", "--latency", str(latency)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+def _start_server(latency: float) -> tuple[str, subprocess.Popen]:
+    """The fake server in its own process (its threads do not share the client's GIL): its base URL and process."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.fake_openai_server", "--latency", str(latency)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     if len(line) != 2 or line[0] != "PORT":
         proc.kill()
         raise RuntimeError(f"the fake server did not start (got {line!r})")
     return f"http://127.0.0.1:{line[1]}/api/v1", proc
-
-
-def _stop_server(handle: object) -> None:
-    if isinstance(handle, FakeOpenAIServer):
-        handle.stop()
-    else:
-        handle.kill()  # type: ignore[attr-defined]
-        handle.wait()  # type: ignore[attr-defined]
 
 
 def run_once(
@@ -111,17 +98,17 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=2.0, help="server latency per call (s)")
     ap.add_argument("--concurrency", default="64,128", help="max calls in flight, one row each (comma list)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per row (best is reported)")
-    ap.add_argument("--in-process", action="store_true", help="run the fake server in this process")
     args = ap.parse_args()
     concs = [int(c) for c in args.concurrency.split(",") if c.strip()]
     plan = [("no ledger", c, False) for c in concs] + [("write-ahead ledger", concs[-1], True)]
     calib = _calibrate()
-    base_url, handle = _start_server(args.latency, args.in_process)
+    base_url, server = _start_server(args.latency)
     try:
         run_once(base_url, 4, args.teachers, concs[-1], None)  # warm-up (imports)
         rows = _measure(base_url, args, plan)
     finally:
-        _stop_server(handle)
+        server.kill()
+        server.wait()
     header = (f"{args.states} states x {args.teachers} teachers = {args.states * args.teachers} calls, latency "
               f"{args.latency * 1000:.0f} ms, stock httpx {httpx.__version__} (httpcore); ideal wall = calls x "
               "latency / concurrency")
@@ -137,11 +124,10 @@ def main() -> None:
 
 def _markdown(args: argparse.Namespace, calib: float, header: str, table: list[str], ok: bool) -> str:
     """The replay section of docs/benchmarks.md: the conditions, the table and the target."""
-    server = "same process (threads)" if args.in_process else "separate process"
     md = [
         "# Teacher replay throughput", "",
-        "Command: `python -m benchmarks.replay`" + (" --in-process" if args.in_process else ""), "",
-        f"Fake server (`benchmarks/fake_openai_server.py`) in a {server} on 127.0.0.1. Best of {args.repeats} "
+        f"Command: `{command('replay')}`", "",
+        f"Fake server (`benchmarks/fake_openai_server.py`) in a separate process on 127.0.0.1. Best of {args.repeats} "
         "runs after a warm-up. Reference loop (5M Python additions): "
         f"{calib:.2f} s CPU (an unloaded modern x86 core takes roughly 0.2 s; larger means a slower or "
         "contended core).",

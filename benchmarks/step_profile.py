@@ -3,13 +3,11 @@
     python -m benchmarks.step_profile                       # preset single_node, 4 steps
     python -m benchmarks.step_profile --steps 6 student.rollout.prompts_per_step=1
 
-Part 1 runs the preset (``python -m recipes.monarch.run``, evaluation off) and takes the median of every
-``perf/<phase>_s`` metric the engine writes per step (generation, scoring, hint rows and
-channel-1 tensors, reference log-probs, loss forward, loss backward, optimizer), after the first step.
-Part 2 rebuilds one step's batch in this process from the run's own states and ``pairs.jsonl`` and times
-the loss forward + backward of each channel alone (channel 1; channel 1 + 2 minus channel 1; channel 1 + 3
-minus channel 1), with the tokens each channel puts through the model. Writes its section of
-docs/benchmarks.md (``--no-record`` to skip).
+Part 1 runs the preset (evaluation off) and takes the median, after the first step, of every
+``perf/<phase>_s`` metric the engine writes (generation, scoring, hint rows and channel-1 tensors, reference
+log-probs, loss forward, loss backward, optimizer). Part 2 rebuilds step 0's batch here from the run's states
+and ``pairs.jsonl`` and times each channel's loss forward + backward alone (channel 1; 1 + 2 minus 1;
+1 + 3 minus 1), with the tokens each puts through the model.
 """
 
 from __future__ import annotations
@@ -85,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         step = statistics.median(r["perf/step_time_s"] for r in counted)
         tokens = statistics.median(r["perf/tokens"] for r in counted)
         channels = channel_times(Path(tmp) / "run")
-    lines = [f"{ph:<14} {s:7.2f} s  {100 * s / step:5.1f} %" for ph, s in phases.items()]
-    print(f"median step {step:.2f} s over {len(counted)} steps, {tokens:.0f} tokens\n" + "\n".join(lines))
-    print("\n".join(f"channel {c:<32} {s:6.2f} s  {n} tokens" for c, s, n in channels))
-    record(args, "step_profile", "\n".join([
+    md = "\n".join([
         "# Step profile of the default run", "",
         f"Command: `{command('step_profile', argv)}`. Median over {len(counted)} steps (the first not counted): "
         f"**{step:.2f} s per step**, {tokens:.0f} tokens through the model (torch {torch.__version__}, "
@@ -96,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         *(f"| {ph} | {s:.2f} | {100 * s / step:.1f} % |" for ph, s in phases.items()), "",
         "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
         "| channel | seconds | tokens |", "|---|---|---|", *(f"| {c} | {s:.2f} | {n} |" for c, s, n in channels),
-    ]))
+    ])
+    print(md)
+    record(args, "step_profile", md)
     return 0
 
 

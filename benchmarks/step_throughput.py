@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.report import parser, record
+from benchmarks.report import command, parser, record
 
 
 def _states(n: int) -> list[dict[str, Any]]:
@@ -93,18 +93,14 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
     def reward(completions, prompt_id, **_: Any) -> list[float]:
         return [env.score(prompts[pid], c[0]["content"]).reward for c, pid in zip(completions, prompt_id)]
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.marks: list[tuple[float, float]] = []
-
+    class Clock(TrainerCallback):  # marks: (wall, CPU) at each step's begin and end
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.marks.append(_clock())
+            marks.append(_clock())
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.marks.append(_clock())
+        on_step_end = on_step_begin
 
     model, tok = load_model_and_tokenizer(args.model, seed=0, dtype=torch.float32, device=torch.device("cpu"))
-    clock = Clock()
+    clock, marks = Clock(), []
     with tempfile.TemporaryDirectory() as out:
         trl_args = GRPOConfig(
             output_dir=out, use_vllm=False, use_cpu=True, bf16=False, gradient_checkpointing=False,
@@ -116,7 +112,7 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
         trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=trl_args,
                               train_dataset=Dataset.from_list(rows), callbacks=[clock])
         trainer.train()
-    spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clock.marks[0::2], clock.marks[1::2])]
+    spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks[0::2], marks[1::2])]
     return spans[1:]
 
 
@@ -146,13 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {k: statistics.median(c for _, c in v) for k, v in sides.items()}
     (e, t), ratio = list(sides)[:2], wall[list(sides)[1]] / wall[list(sides)[0]]
     rows = "".join(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {samples / wall[k]:.3f} |\n" for k in sides)
-    for k in sides:
-        print(f"{k}: {samples / wall[k]:.3f} samples/s (median {wall[k]:.2f} s/step, {cpu[k]:.2f} CPU s/step)")
-    print(f"ratio engine / TRL: {ratio:.2f}x wall clock, {cpu[t] / cpu[e]:.2f}x CPU time (target >= 1.5x)")
-    record(args, "step_throughput", f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
+    md = f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
 
-`python -m benchmarks.step_throughput` (torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x {args.generations} samples,
-{args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
+`{command('step_throughput', argv)}` (torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x
+{args.generations} samples, {args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
 {args.steps} steps after one warm-up, generation included; {torch.get_num_threads()} torch thread(s).
 
 | trainer | s / step | CPU s / step | samples / s |
@@ -165,7 +158,9 @@ the engine prefills the shared prompt tokens once into a static cache, `rollout.
 old-log-prob pass (one optimizer step per generation batch). The sides run one after the other: on a machine
 shared with other jobs (the load average below) the wall clock of each side depends on the load while it ran,
 and the CPU time is the fairer comparison.
-""")
+"""
+    print(md)
+    record(args, "step_throughput", md)
     return 0
 
 
