@@ -215,59 +215,36 @@ def run(mb: float, repeats: int) -> list[dict]:
 def to_markdown(rows: list[dict], cmd: str) -> str:
     """The ingestion section of docs/benchmarks.md."""
     out = [
-        "# Ingestion throughput (ClaudeCodeIngester vs bare json.loads)",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        "On a machine shared with other jobs absolute MB/s are noisy, the ratio less so. CPU time (`time.process_time`), best of the repeats for each side, both in the same run, over the "
-        "same file; the bare parse is the faster of two plain loops (bytes lines, or one decode then str lines).",
-        "",
+        "# Ingestion throughput (ClaudeCodeIngester vs bare json.loads)", "", f"Command: `{cmd}`", "",
+        "CPU time (`time.process_time`: on a shared machine absolute MB/s are noisy, the ratio less so), best of the "
+        "repeats for each side, both in the same run over the same file; the bare parse is the faster of two plain "
+        "loops (bytes lines, or one decode then str lines).", "",
         "Target: ingester rate >= 0.5x the bare parse rate (`json.loads` of every line), with secret redaction on",
-        "(the default: what users run). The rate without redaction (`redact=False`) is measured beside it.",
-        "",
+        "(the default: what users run). The rate without redaction (`redact=False`) is measured beside it.", "",
         "| session | size (MB) | lines | turns -> states | messages / state | bare parse (MB/s) | ingester (MB/s) | ratio "
         "| without redaction (MB/s) | ratio |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        out.append(
-            f"| {r['file']} | {r['mb']:.1f} | {r['lines']} | {r['turns']} -> {r['states']} | {r['avg_msgs']:.0f} | "
+    out += [f"| {r['file']} | {r['mb']:.1f} | {r['lines']} | {r['turns']} -> {r['states']} | {r['avg_msgs']:.0f} | "
             f"{r['parse_mb_s']:.1f} | {r['ingest_mb_s']:.1f} | **{r['ratio']:.2f}x** | {r['off_mb_s']:.1f} | "
-            f"{r['ratio_off']:.2f}x |"
-        )
+            f"{r['ratio_off']:.2f}x |" for r in rows]
     out += [
-        "",
-        "How to read the rows:",
-        "",
-        "- **compaction every ~600 kB** is the realistic case: Claude Code compacts near its context limit, so",
-        "  histories stay bounded. This is the row the 0.5x target is about.",
-        "- **no compaction, max_history_tokens=32000**: one 50 MB context (impossible for a real session) with",
-        "  the training budget applied; the trimming window slides along each history (`HistoryWindow`),",
-        "  so every message is counted once, not once per state.",
-        "- **no compaction, whole histories (stress)**: every state carries the whole session so far (thousands",
-        "  of messages). Each `TraceState` needs its own `messages` list, so the output itself grows with",
-        "  turns x history length; the history *building* is still incremental (one list slice per state,",
-        "  the message dicts are shared), and what remains is the C-level copy of those slices.",
-        "",
-        "What the ingester does per line, beyond the parse: it decodes with `raw_decode` on strictly",
-        "decoded text (falling back to a tolerant path for bad bytes / NUL / truncation), reduces each",
-        "record to what histories and actions need (the parsed dict is dropped at once), builds the",
-        "record's history from its parent's as soon as the parent is known (appended in place while the",
-        "chain does not fork), dumps each tool input once (shared by the history and the action), and",
-        "pauses the cyclic GC while one file is indexed. Profiling showed the first version at ~0.2x:",
-        "case-insensitive regexes over multi-kB tool outputs (error classification) and retaining every",
-        "parsed record were the main costs.",
-        "",
-        "Redaction costs the gap between the two ratio columns: each text is scanned once per rule (22 rules:",
-        "key formats, names a secret is assigned to, PEM blocks). The scans run on the text's UTF-8 bytes (2x",
-        "faster than on a str holding one non-ASCII character, as a Read result's line arrows make it), open at",
-        "the rarest character of a rule's literal (a lookbehind checks the rest: ~2x faster than at an `e`), and a",
-        "text without that character skips the rule at `memchr` speed. Timed beside the previous redaction (plain",
-        "`re` on the str, every scan at the literal's first character) on the same 51 MB file in two runs: the",
-        "same output, redaction's cost 0.29-0.38 s -> 0.19-0.20 s, the realistic row 0.38-0.40x -> 0.44-0.52x.",
-        "",
-        "Numbers move by about +-20% between runs on this shared machine (load average 4-6 on 2 cores).",
-        "",
+        "", "How to read the rows:", "",
+        "- **compaction every ~600 kB** is the realistic case (Claude Code compacts near its context limit, so",
+        "  histories stay bounded): the row the 0.5x target is about.",
+        "- **no compaction, max_history_tokens=32000**: one 50 MB context (impossible for a real session) with the",
+        "  training budget applied; the trimming window slides along each history (`HistoryWindow`), so every",
+        "  message is counted once, not once per state.",
+        "- **no compaction, whole histories (stress)**: every state carries the whole session so far. Each",
+        "  `TraceState` needs its own `messages` list, so the output grows with turns x history length; the history",
+        "  *building* stays incremental (one list slice per state, the message dicts shared).", "",
+        "Per line, beyond the parse, the ingester decodes with `raw_decode` on strictly decoded text (a tolerant",
+        "path for bad bytes / NUL / truncation), keeps only what histories and actions need, builds each record's",
+        "history from its parent's (appended in place while the chain does not fork), dumps each tool input once,",
+        "and pauses the cyclic GC while a file is indexed.", "",
+        "Redaction costs the gap between the two ratio columns: each text is scanned once per rule (22 rules: key",
+        "formats, names a secret is assigned to, PEM blocks), on the text's UTF-8 bytes, each scan opening at the",
+        "rarest character of the rule's literal (a text without it skips the rule at `memchr` speed).", "",
     ]
     return "\n".join(out)
 
