@@ -23,7 +23,6 @@ from pathlib import Path
 from benchmarks.report import parser, record
 from composer_replication.ingestion import ClaudeCodeIngester
 
-# ---------------------------------------------------------------------------- synthetic session
 _WORDS = ("the test fails because value parser returns None when input is empty fix edge case module function "
           "import error line file check").split()
 
@@ -133,7 +132,6 @@ def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int 
     return t
 
 
-# ---------------------------------------------------------------------------- measurement
 def _parse_lines(lines: list) -> int:
     """``json.loads`` of every non-empty line (bytes or str); the number of lines."""
     n = 0

@@ -25,8 +25,6 @@ import torch
 
 from benchmarks.report import command, parser, record
 
-# ---------------------------------------------------------------------------- worker
-
 
 def _model(device: str, layers: int) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -117,9 +115,6 @@ def worker(args: argparse.Namespace) -> dict:
         "mode": args.worker, "seconds": seconds, "peak_bytes": peak, **out.metrics(),
         "grad_norm_embed": float(emb.norm()), "grad_norm_layer0_q": float(model.model.layers[0].self_attn.q_proj.weight.grad.norm()),
     }
-
-
-# ---------------------------------------------------------------------------- driver
 
 
 def _spawn(mode: str, args: argparse.Namespace) -> dict:

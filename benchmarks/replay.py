@@ -45,21 +45,15 @@ def _start_server(latency: float) -> tuple[str, subprocess.Popen]:
     return f"http://127.0.0.1:{line[1]}/api/v1", proc
 
 
-def run_once(
-    base_url: str, n_states: int, n_teachers: int, concurrency: int, ledger: Path | None
-) -> tuple[float, float, int]:
+def run_once(base_url: str, n_states: int, n_teachers: int, concurrency: int, ledger: Path | None
+             ) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds and successful calls of one replay."""
     teachers = [{"slug": f"fake/t{i}", "input_per_mtok": 1.0, "output_per_mtok": 2.0, "base_url": base_url}
                 for i in range(n_teachers)]
     t0, c0 = time.perf_counter(), time.process_time()
-    res = asyncio.run(
-        replay_trace(
-            _states(n_states), teachers, 100.0, None, max_concurrency=concurrency,
-            per_teacher_concurrency=concurrency, max_tokens=64, ledger_path=ledger,
-        )
-    )  # fmt: skip
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return wall, cpu, sum(r["error"] is None for r in res)
+    res = asyncio.run(replay_trace(_states(n_states), teachers, 100.0, None, max_concurrency=concurrency,
+                                   per_teacher_concurrency=concurrency, max_tokens=64, ledger_path=ledger))
+    return time.perf_counter() - t0, time.process_time() - c0, sum(r["error"] is None for r in res)
 
 
 def _calibrate() -> float:
@@ -83,8 +77,7 @@ def _measure(base_url: str, args: argparse.Namespace, plan: list[tuple[str, int,
                 wall, cpu, ok = run_once(base_url, args.states, args.teachers, conc, ledger)
                 if ok != calls:
                     raise RuntimeError(f"{calls - ok} calls failed during the benchmark")
-                walls.append(wall)
-                cpus.append(cpu)
+                walls, cpus = [*walls, wall], [*cpus, cpu]
             ideal = calls * args.latency / conc
             rows.append((label, conc, ideal, min(walls), sum(walls) / len(walls), min(cpus) / calls * 1000))
     return rows
