@@ -118,20 +118,16 @@ def main() -> None:
 def _markdown(args: argparse.Namespace, calib: float, header: str, table: list[str], ok: bool) -> str:
     """The replay section of docs/benchmarks.md: the conditions, the table and the target."""
     md = [
-        "# Teacher replay throughput", "",
-        f"Command: `{command('replay')}`", "",
+        "# Teacher replay throughput", "", f"Command: `{command('replay')}`", "",
         f"Fake server (`benchmarks/fake_openai_server.py`) in a separate process on 127.0.0.1. Best of {args.repeats} "
-        "runs after a warm-up. Reference loop (5M Python additions): "
-        f"{calib:.2f} s CPU (an unloaded modern x86 core takes roughly 0.2 s; larger means a slower or "
-        "contended core).",
-        "",
-        "`client CPU ms/call` is the replay process's CPU time per call; `CPU-bound max / ideal` is the "
-        "rate one free core could sustain at that cost (1 / CPU per call), as a fraction of the ideal rate: "
-        "when it is below 1 the client is CPU-bound, whatever the concurrency; when the achieved rate is "
-        "far below it, the process did not get a free core (other jobs). The ideal ignores one deliberate "
-        "latency at the start: each teacher's first call runs alone until its bill is known. Stock "
-        "httpx's CPU per call grows with the number of pooled connections (httpcore scans its pool on "
-        "every request and release).", "", header, "", *table, "",
+        f"runs after a warm-up. Reference loop (5M Python additions): {calib:.2f} s CPU (an unloaded modern x86 core "
+        "takes roughly 0.2 s; larger means a slower or contended core).", "",
+        "`client CPU ms/call` is the replay process's CPU time per call; `CPU-bound max / ideal` the rate one free "
+        "core could sustain at that cost, as a fraction of the ideal: below 1 the client is CPU-bound whatever the "
+        "concurrency; an achieved rate far below it means the process did not get a free core. The ideal ignores "
+        "one deliberate latency (each teacher's first call runs alone until its bill is known). Stock httpx's CPU "
+        "per call grows with the pooled connections (httpcore scans its pool on every request and release).", "",
+        header, "", *table, "",
         f"Target: achieved rate >= {TARGET:.2f} x the ideal rate: **{'met' if ok else 'not met'}**.", "",
     ]
     return "\n".join(md)

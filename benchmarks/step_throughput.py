@@ -151,13 +151,11 @@ def main(argv: list[str] | None = None) -> int:
 | trainer | s / step | CPU s / step | samples / s |
 |---|---|---|---|
 {rows}
-**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). Where the difference comes from: the
+**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). The
 engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
-docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (KV cache;
-the engine prefills the shared prompt tokens once into a static cache, `rollout.generate`) and skip the
-old-log-prob pass (one optimizer step per generation batch). The sides run one after the other: on a machine
-shared with other jobs (the load average below) the wall clock of each side depends on the load while it ran,
-and the CPU time is the fairer comparison.
+docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (the engine
+prefills the shared prompt once into a static cache) and skip the old-log-prob pass. The sides run one after
+the other, so on a shared machine (the load average below) the CPU time is the fairer comparison.
 """
     print(md)
     record(args, "step_throughput", md)
