@@ -20,8 +20,8 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks.report import BENCHMARKS_PAGE
 
@@ -37,27 +37,12 @@ NOT_BENCHMARKS = {
 }
 
 
-@dataclass(frozen=True)
-class Benchmark:
+class Benchmark(NamedTuple):
     """One benchmark module: ``name`` on the command line, ``module`` for ``python -m``, ``about`` its first line."""
 
     name: str
     module: str
     about: str
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one benchmark ended: exit status, wall seconds, and whether the page changed."""
-
-    name: str
-    returncode: int
-    seconds: float
-    recorded: bool
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and self.recorded
 
 
 def discover(folder: Path = HERE, package: str = "benchmarks") -> dict[str, Benchmark]:
@@ -89,8 +74,9 @@ def select(available: dict[str, Benchmark], names: list[str]) -> list[Benchmark]
     return [available[n] for n in dict.fromkeys(names)]
 
 
-def run_one(bench: Benchmark, page: Path, cwd: Path) -> Outcome:
-    """Run ``python -m <module>`` in ``cwd`` with its defaults, output streamed; did it rewrite ``page``?"""
+def run_one(bench: Benchmark, page: Path, cwd: Path) -> tuple[int, float, bool]:
+    """Run ``python -m <module>`` in ``cwd`` with its defaults, output streamed: ``(exit status, wall seconds,
+    whether it rewrote page)``."""
     before = page.read_text(encoding="utf-8") if page.exists() else None
     env = dict(os.environ, BENCHMARKS_PAGE=str(page), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
@@ -98,18 +84,7 @@ def run_one(bench: Benchmark, page: Path, cwd: Path) -> Outcome:
     t0 = time.perf_counter()
     rc = subprocess.run([sys.executable, "-m", bench.module], cwd=cwd, env=env).returncode
     after = page.read_text(encoding="utf-8") if page.exists() else None
-    return Outcome(bench.name, rc, time.perf_counter() - t0, recorded=after is not None and after != before)
-
-
-def _report(outcomes: list[Outcome], page: Path) -> None:
-    print(f"\n{'benchmark':<20} {'exit':>4} {'time (s)':>9}  section of {page}")
-    for o in outcomes:
-        state = (
-            "rewritten"
-            if o.recorded
-            else "NOT rewritten" + ("" if o.returncode else " (exited 0 without it)")
-        )
-        print(f"{o.name:<20} {o.returncode:>4} {o.seconds:>9.0f}  {state}")
+    return rc, time.perf_counter() - t0, after is not None and after != before
 
 
 def main(argv: list[str] | None = None, *, folder: Path = HERE, package: str = "benchmarks") -> int:
@@ -117,12 +92,8 @@ def main(argv: list[str] | None = None, *, folder: Path = HERE, package: str = "
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("names", nargs="*", help="benchmarks to run (default: every one); see --list")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    p.add_argument(
-        "--page",
-        type=Path,
-        default=None,
-        help="markdown page to write the sections to (default: $BENCHMARKS_PAGE, else docs/benchmarks.md)",
-    )
+    p.add_argument("--page", type=Path, default=None,
+                   help="markdown page to write the sections to (default: $BENCHMARKS_PAGE, else docs/benchmarks.md)")
     args = p.parse_args(argv)
     available = discover(folder, package)
     if args.list:
@@ -135,9 +106,12 @@ def main(argv: list[str] | None = None, *, folder: Path = HERE, package: str = "
         print(f"error: {exc}", file=sys.stderr)
         return 2
     page = (args.page or Path(os.environ.get("BENCHMARKS_PAGE") or BENCHMARKS_PAGE)).resolve()
-    outcomes = [run_one(b, page, cwd=folder.parent) for b in chosen]
-    _report(outcomes, page)
-    return 0 if all(o.ok for o in outcomes) else 1
+    outcomes = [(b.name, *run_one(b, page, cwd=folder.parent)) for b in chosen]
+    print(f"\n{'benchmark':<20} {'exit':>4} {'time (s)':>9}  section of {page}")
+    for name, rc, seconds, recorded in outcomes:
+        state = "rewritten" if recorded else "NOT rewritten" + ("" if rc else " (exited 0 without it)")
+        print(f"{name:<20} {rc:>4} {seconds:>9.0f}  {state}")
+    return 0 if all(rc == 0 and recorded for _, rc, _, recorded in outcomes) else 1
 
 
 if __name__ == "__main__":

@@ -4,59 +4,37 @@
     python -m benchmarks.agentic --seeds 1 student.num_steps=4       # a quick look
     python -m benchmarks.agentic --out runs/bench-agentic --reuse    # read seeds already run there
 
-Each seed is one full ``python -m recipes.monarch.run --config agentic`` (own controller and meshes), one after
-the other, with an evaluation every ``run.eval_every`` steps: one greedy episode per held-out task (tasks that enter
-no training channel), in the sandbox, scored by the tests. It reports, per seed, the held-out ``eval/solve_rate``
-and ``eval/mean_reward`` at the start and the end, and what else the episodes show (``well_formed_call_rate``: turns
-with a valid tool call; ``tool_calls`` per episode; ``tool_error_rate``; ``mean_turns``), the training episodes'
-turns, and the throughput (episode turns per second of step time). The rule (issue #21): the held-out solve rate or
-mean reward rises in every seed and its mean gain exceeds twice its standard deviation; when neither does, the
-table says so and shows what moved. It draws the curves into ``docs/img/agentic.png`` and writes its section of
-docs/benchmarks.md.
+Each seed is one full ``python -m recipes.monarch.run --config agentic``, one after the other, evaluated every
+``run.eval_every`` steps by one greedy episode per held-out task, in the sandbox, scored by the tests. Per seed:
+``eval/solve_rate`` and ``eval/mean_reward`` at start and end, what else the episodes show
+(``well_formed_call_rate``, ``tool_calls``, ``tool_error_rate``, ``mean_turns``) and the throughput (episode
+turns per second of step time). Rule (issue #21): the solve rate or mean reward rises in every seed and its
+mean gain exceeds twice its std; when neither does, the table shows what moved. Curves: ``docs/img/agentic.png``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.learning import REPO, draw, run_seed
-from benchmarks.report import write_section
+from benchmarks.learning import draw, run_seed, seed_parser, verdict
+from benchmarks.report import REPO, command, metrics_rows, record
 
 PICTURE = REPO / "docs" / "img" / "agentic.png"
 RULED = ("eval/solve_rate", "eval/mean_reward")
 SHOWN = (*RULED, "eval/well_formed_call_rate", "eval/tool_calls", "eval/tool_error_rate", "eval/mean_turns")
 
 
-def verdict(gains: list[float]) -> tuple[float, float, bool]:
-    """``(mean, std, rises)``: rises in every seed and the mean gain exceeds twice its std (one seed: rises)."""
-    mean = statistics.mean(gains)
-    spread = statistics.stdev(gains) if len(gains) > 1 else float("nan")
-    return mean, spread, all(g > 0 for g in gains) and (len(gains) == 1 or mean > 2 * spread)
-
-
 def throughput(folder: Path) -> tuple[float, float]:
     """``(episode turns per second of step time, mean step seconds)`` over the run's training steps."""
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in rows if "perf/step_time_s" in r]
+    steps = [r for r in metrics_rows(folder) if "perf/step_time_s" in r]
     turns = sum(r["rollout/turns"] * r["rollout/num_episodes"] for r in steps)
     seconds = sum(r["perf/step_time_s"] for r in steps)
     return turns / seconds if seconds else 0.0, seconds / max(len(steps), 1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="agentic", help="recipe preset (recipes/monarch/configs)")
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
-    p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md nor the picture")
-    p.add_argument("--reuse", action="store_true", help="with --out: take seeds whose folder holds a finished run")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
-    args = p.parse_args(argv)
+    args = seed_parser(__doc__, "agentic").parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
@@ -77,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
           "mean gain > 2 std)")
     if not args.no_record:
         draw(results, PICTURE, metric="eval/well_formed_call_rate", title="held-out turns with a valid tool call")
-        cmd = " ".join(["python -m benchmarks.agentic", *(sys.argv[1:] if argv is None else argv)])
-        print(f"wrote {write_section('agentic', _markdown(cmd, args.preset, results, verdicts, learned))}")
+    record(args, "agentic", _markdown(command("agentic", argv), args.preset, results, verdicts, learned))
     return 0
 
 

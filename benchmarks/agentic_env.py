@@ -1,26 +1,24 @@
 """Throughput of agentic episodes and what the OS sandbox adds to a tool call.
 
-Why: an agentic GRPO step runs G episodes of several turns per task; the environment must cost little
-next to sampling. Target (issue #21): bubblewrap adds at most 50 ms per tool call at the median.
+An agentic GRPO step runs G episodes of several turns per task; the environment must cost little next to
+sampling. Target (issue #21): bubblewrap adds at most 50 ms per tool call at the median.
 
     python -m benchmarks.agentic_env [--calls 40] [--episodes 6] [--no-record]
 
-Tool calls: each tool on a small workspace, one call at a time; Bash and Grep (the calls that run
-in the sandbox) run with ``os_sandbox="require"`` (bubblewrap) and ``"off"`` (the same code path
-without namespaces) in alternation, so the overhead is a difference measured side by side. Episodes: a fixture task
-replayed from its recorded fix (Read, Edit, Bash running pytest, the final test run), and with no
-action (the final test run and the baseline run), turns and episodes per second.
+Tool calls: each tool on a small workspace, one call at a time; Bash and Grep (sandboxed) alternate
+``os_sandbox="require"`` (bubblewrap) and ``"off"`` (the same code path without namespaces), so the overhead
+is a difference measured side by side. Episodes: a fixture task replayed from its recorded fix (Read, Edit,
+Bash running pytest, the final test run), and with no action; turns and episodes per second.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import parser, record
 from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, parse_task, run_task
 from composer_replication.rollout.agent.tools import Workspace
 from composer_replication.rollout.sandbox import os_sandbox_status
@@ -96,6 +94,7 @@ def episodes(n: int) -> list[tuple[str, float, float, float]]:
 
 
 def to_markdown(tools: list, eps: list, cmd: str) -> str:
+    """The agentic_env section of docs/benchmarks.md: tool-call latencies, then episodes."""
     lines = ["# Agentic episodes", "", f"`{cmd}`: tool-call latency on a 20-file workspace and episodes of a "
              "fixture task (Read, Edit, Bash running pytest, then the final test run). Median milliseconds; "
              "`off` is the same code path without bubblewrap, measured in alternation.", "",
@@ -115,10 +114,9 @@ def to_markdown(tools: list, eps: list, cmd: str) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=40, help="calls per tool (and per sandbox mode for Bash)")
     p.add_argument("--episodes", type=int, default=6, help="episodes per policy")
-    p.add_argument("--no-record", action="store_true", help="print only; do not update docs/benchmarks.md")
     args = p.parse_args()
     ok, reason = os_sandbox_status()
     if not ok:
@@ -126,8 +124,7 @@ def main() -> None:
     tools, eps = tool_latency(args.calls), episodes(args.episodes)
     md = to_markdown(tools, eps, f"python -m benchmarks.agentic_env --calls {args.calls} --episodes {args.episodes}")
     print(md)
-    if not args.no_record:
-        print(f"wrote {write_section('agentic_env', md)}")
+    record(args, "agentic_env", md)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,23 @@
 """DiLoCo on meshes: bytes on the wire, loss against one replica, and the cost of losing a replica.
 
-    python -m benchmarks.diloco                 # all three parts, figures into docs/benchmarks.md
-    python -m benchmarks.diloco --skip-runs     # the bytes part only (no recipe runs, ~1 min)
+    python -m benchmarks.diloco                 # every part, figures into docs/benchmarks.md
+    python -m benchmarks.diloco --skip-runs     # bytes and LM loss only (no recipe runs, ~1 min)
 
-1. **Bytes per inner step.** Two replicas of the tiny student (threads of this process, a real torchft
-   lighthouse and gloo) train ``N`` inner steps with DiLoCo, and again with a per-step gradient allreduce
-   through the same torchft ``Manager`` (DDP-style). Every tensor handed to ``Manager.allreduce`` is
-   counted. Expected ratio: about ``1/sync_every``.
-2. **Loss, 2 replicas against 1 on the same total tokens.** The ``diloco`` preset (2 replicas x S steps)
-   against the same preset with ``diloco.replicas=1`` and 2 x S steps, both through ``recipes.monarch.run``.
-   Compared: the mean ``loss/total`` over the last quarter of each run and the final evaluation. Target:
-   within 5 %.
-3. **A replica's death.** The ``diloco`` preset with replica 1 calling ``os._exit`` at step 5: the time
-   from its death (the start of step 5) to its healed return (the step after which it trains with the
-   group again), and the survivor's steps/s meanwhile against before.
+1. **Bytes per inner step.** Two replicas of the tiny student (threads, a real torchft lighthouse, gloo) train
+   ``N`` inner steps with DiLoCo, and with a per-step gradient allreduce through the same torchft ``Manager``;
+   every tensor handed to ``Manager.allreduce`` is counted. Expected ratio: about ``1/sync_every``. Then the
+   held-out LM loss of 2 DiLoCo replicas against 1 on the same tokens (target: at most 5 % worse).
+2. **The ``diloco`` preset, 2 replicas x S steps against ``diloco.replicas=1`` x 2S** (``recipes.monarch.run``):
+   the mean ``loss/total`` of the last quarter and the final evaluation (target: within 5 %).
+3. **A replica's death** (replica 1 calls ``os._exit`` at step 5): the time to its healed return, and the
+   survivor's steps/s meanwhile against before.
 4. **On a real SLURM** (``--slurm-only`` prints just this row): the ``slurm`` preset on a local two-node SLURM,
-   the time from submission to the first step and the heal time after a node's host process is killed.
+   submission to first step and the heal time after a node's host process is killed.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,10 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
-
-REPO = Path(__file__).resolve().parents[1]
-
+from benchmarks.report import REPO, metrics_rows, parser, record, run_recipe
 
 # ---------------------------------------------------------------------------- 1. bytes on the wire
 
@@ -112,35 +104,39 @@ def _run(mode: str, trainer: _TinyLM, replica, barrier: threading.Barrier, steps
         trainer.optimizer.step()
 
 
-def bytes_per_step(sync_every: int, steps: int) -> dict[str, float]:
-    """Bytes one replica hands to ``Manager.allreduce`` per inner step: DiLoCo against per-step gradients."""
+def _train_pair(mode: str, sync_every: int, trainers: dict[int, _TinyLM], steps: int,
+                counters: dict[int, list[int]] | None = None) -> None:
+    """Replicas 0 and 1 (threads, a real lighthouse) train ``steps``: DiLoCo, or (``allreduce``) per-step gradients
+    through the same manager; with ``counters``, the bytes each hands to ``Manager.allreduce``."""
     from composer_replication.diloco.config import DilocoConfig
     from composer_replication.diloco.replica import DilocoReplica, Lighthouse
 
     cfg = DilocoConfig(replicas=2, sync_every=sync_every, heartbeat_timeout_ms=1000, quorum_timeout_s=30)
+    lighthouse = Lighthouse(cfg)
+    reps = {i: DilocoReplica(t, cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
+            for i, t in trainers.items()}
+    for i, rep in reps.items():
+        if counters is not None:
+            _count_allreduce(rep.manager, counters[i])
+        if mode == "allreduce":
+            rep.outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in reps]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for rep in reps.values():
+        rep.shutdown()
+    lighthouse.shutdown()
+
+
+def bytes_per_step(sync_every: int, steps: int) -> dict[str, float]:
+    """Bytes one replica hands to ``Manager.allreduce`` per inner step: DiLoCo against per-step gradients."""
     out: dict[str, float] = {}
     for mode in ("diloco", "allreduce"):
-        lighthouse, lock, counters = Lighthouse(cfg), threading.Lock(), {0: [], 1: []}
-        trainers = {i: _TinyLM(i, lock) for i in (0, 1)}
-        reps = {
-            i: DilocoReplica(trainers[i], cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
-            for i in (0, 1)
-        }
-        for i in (0, 1):
-            _count_allreduce(reps[i].manager, counters[i])
-            if mode == "allreduce":
-                reps[i].outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
-        barrier = threading.Barrier(2)
-        threads = [
-            threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in (0, 1)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        for r in reps.values():
-            r.shutdown()
-        lighthouse.shutdown()
+        lock, counters = threading.Lock(), {0: [], 1: []}
+        _train_pair(mode, sync_every, {i: _TinyLM(i, lock) for i in (0, 1)}, steps, counters)
         out[mode] = sum(counters[0]) / steps
     out["ratio"] = out["diloco"] / out["allreduce"]
     return out
@@ -151,9 +147,6 @@ def lm_loss_comparison(steps: int, sync_every: int = 8) -> dict[str, float]:
     against 1 replica (plain AdamW) x 2*``steps``: the same number of training tokens."""
     import torch
 
-    from composer_replication.diloco.config import DilocoConfig
-    from composer_replication.diloco.replica import DilocoReplica, Lighthouse
-
     def held_out(trainer: _TinyLM) -> float:
         with torch.no_grad():
             return statistics.fmean(float(trainer.loss(0, seed=10**6 + k)) for k in range(4))
@@ -162,58 +155,24 @@ def lm_loss_comparison(steps: int, sync_every: int = 8) -> dict[str, float]:
     single = _TinyLM(0, lock, pattern=True)
     for s in range(2 * steps):
         single.train_step(s)
-    cfg = DilocoConfig(replicas=2, sync_every=sync_every, heartbeat_timeout_ms=1000, quorum_timeout_s=30)
-    lighthouse = Lighthouse(cfg)
     trainers = {i: _TinyLM(i, lock, pattern=True) for i in (0, 1)}
-    reps = {
-        i: DilocoReplica(trainers[i], cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
-        for i in (0, 1)
-    }
-    barrier = threading.Barrier(2)
-    threads = [
-        threading.Thread(target=_run, args=("diloco", trainers[i], reps[i], barrier, steps)) for i in (0, 1)
-    ]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for r in reps.values():
-        r.shutdown()
-    lighthouse.shutdown()
-    return {
-        "one": held_out(single),
-        "two": held_out(trainers[0]),
-        "init": held_out(_TinyLM(0, lock, pattern=True)),
-    }
+    _train_pair("diloco", sync_every, trainers, steps)
+    return {"one": held_out(single), "two": held_out(trainers[0]), "init": held_out(_TinyLM(0, lock, pattern=True))}
 
 
 # ---------------------------------------------------------------------------- 2-3. recipe runs
 
 
-def _recipe(folder: Path, *args: str) -> tuple[int, list[dict], dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recipes.monarch.run",
-            "--config",
-            "diloco",
-            f"run.dir={folder}",
-            "run.display=none",
-            "teachers.slugs=[local:tiny]",
-            *args,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"recipe run failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-    return proc.returncode, rows, json.loads((folder / "summary.json").read_text())
+def _recipe(folder: Path, *args: str) -> tuple[list[dict], dict]:
+    """The ``diloco`` preset in ``folder``: its metrics rows and its summary."""
+    rows = run_recipe(folder, "--config", "diloco", "run.display=none", "teachers.slugs=[local:tiny]",
+                      "run.checkpoint_every=0", *args, env={"OMP_NUM_THREADS": "1"}, timeout=1200)
+    return rows, json.loads((folder / "summary.json").read_text())
+
+
+def _identical(summary: dict) -> float:
+    """1.0 when every replica ended with the same parameters (``replica_param_sha256``)."""
+    return float(len(set(summary["replica_param_sha256"].values())) == 1)
 
 
 def _tail_loss(rows: list[dict]) -> float:
@@ -223,39 +182,22 @@ def _tail_loss(rows: list[dict]) -> float:
 
 def loss_comparison(root: Path, steps: int) -> dict[str, float]:
     """The diloco preset with 2 replicas x ``steps`` against 1 replica x 2*``steps``."""
-    _, two, s2 = _recipe(root / "two", f"student.num_steps={steps}", "run.checkpoint_every=0")
-    _, one, s1 = _recipe(
-        root / "one", f"student.num_steps={2 * steps}", "run.checkpoint_every=0", "diloco.replicas=1"
-    )
-    return {
-        "two": _tail_loss(two),
-        "one": _tail_loss(one),
-        "eval_two": s2["eval_end"]["eval/mean"],
-        "eval_one": s1["eval_end"]["eval/mean"],
-    }
+    two, s2 = _recipe(root / "two", f"student.num_steps={steps}")
+    one, s1 = _recipe(root / "one", f"student.num_steps={2 * steps}", "diloco.replicas=1")
+    return {"two": _tail_loss(two), "one": _tail_loss(one), "eval_two": s2["eval_end"]["eval/mean"],
+            "eval_one": s1["eval_end"]["eval/mean"]}
 
 
 def death_and_heal(root: Path, steps: int) -> dict[str, float]:
     """Replica 1 exits at step 5; time to its healed return and the survivor's throughput meanwhile."""
-    _, rows, summary = _recipe(
-        root / "fault",
-        f"student.num_steps={steps}",
-        "run.checkpoint_every=0",
-        "mesh.inject_fault=trainer:1:5:exit",
-    )
+    _, summary = _recipe(root / "fault", f"student.num_steps={steps}", "mesh.inject_fault=trainer:1:5:exit")
     event = summary["diloco_events"][0]
-    stamp = {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
+    stamp = _steps_done(root / "fault")
     died, back = stamp[4], stamp[event["rejoined_step"]]  # step 5 starts when step 4's row is written
-    before = 4 / (stamp[4] - stamp[0])
-    during = (event["rejoined_step"] - 4) / (back - died)
-    return {
-        "heal_s": back - died,
-        "steps_down": event["rejoined_step"] - 5,
-        "before_steps_per_s": before,
-        "during_steps_per_s": during,
-        "restarts": summary["restarts"]["1"],
-        "identical": float(len(set(summary["replica_param_sha256"].values())) == 1),
-    }
+    return {"heal_s": back - died, "steps_down": event["rejoined_step"] - 5,
+            "before_steps_per_s": 4 / (stamp[4] - stamp[0]),
+            "during_steps_per_s": (event["rejoined_step"] - 4) / (back - died),
+            "restarts": summary["restarts"]["1"], "identical": _identical(summary)}
 
 
 # ---------------------------------------------------------------------------- 4. on a real SLURM
@@ -289,19 +231,13 @@ def slurm_row(steps: int = 24) -> dict[str, float] | str:
         stamp = _steps_done(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
     event = summary["diloco_events"][0]
-    return {
-        "first_step_s": stamp[0] - summary["slurm_submitted_at"],
-        "noticed_s": stamp[event["step"]] - killed,
-        "heal_s": stamp[event["rejoined_step"]] - killed,
-        "identical": float(len(set(summary["replica_param_sha256"].values())) == 1),
-    }
+    return {"first_step_s": stamp[0] - summary["slurm_submitted_at"], "noticed_s": stamp[event["step"]] - killed,
+            "heal_s": stamp[event["rejoined_step"]] - killed, "identical": _identical(summary)}
 
 
 def _steps_done(run_dir: Path) -> dict[int, float]:
     """``{step: time its row was written}`` of the training rows so far."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.exists() else []
-    return {int(r["step"]): r["time"] for r in rows if "loss/total" in r}
+    return {int(r["step"]): r["time"] for r in metrics_rows(run_dir) if "loss/total" in r}
 
 
 def slurm_line(row: dict[str, float] | str) -> str:
@@ -321,38 +257,29 @@ def slurm_line(row: dict[str, float] | str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.diloco", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, prog="python -m benchmarks.diloco")
     p.add_argument("--steps", type=int, default=32, help="inner steps of the bytes measurement")
     p.add_argument("--run-steps", type=int, default=16, help="steps of the 2-replica recipe run")
-    p.add_argument(
-        "--lm-steps", type=int, default=64, help="steps per DiLoCo replica of the LM-loss comparison"
-    )
+    p.add_argument("--lm-steps", type=int, default=64, help="steps per DiLoCo replica of the LM-loss comparison")
     p.add_argument("--skip-runs", action="store_true", help="no recipe runs (bytes and LM loss only)")
     p.add_argument("--slurm-only", action="store_true", help="print the SLURM row only (the page is not written)")
     args = p.parse_args(argv)
     if args.slurm_only:
         print(slurm_line(slurm_row()))
         return 0
-    lines = [
-        "# DiLoCo on meshes (`python -m benchmarks.diloco`)",
-        "",
-        "Two replicas of the tiny student on this machine (2 shared CPU cores, loopback gloo).",
-        "",
-        "| sync_every | DiLoCo bytes / inner step | per-step allreduce bytes / step | ratio | 1/sync_every |",
-        "|---|---|---|---|---|",
-    ]
+    lines = ["# DiLoCo on meshes (`python -m benchmarks.diloco`)", "",
+             "Two replicas of the tiny student on this machine (loopback gloo).", "",
+             "| sync_every | DiLoCo bytes / inner step | per-step allreduce bytes / step | ratio | 1/sync_every |",
+             "|---|---|---|---|---|"]
     for h in (2, 8, 32):
         b = bytes_per_step(h, args.steps)
-        lines.append(
-            f"| {h} | {b['diloco'] / 1e6:.3f} MB | {b['allreduce'] / 1e6:.3f} MB | {b['ratio']:.4f} | "
-            f"{1 / h:.4f} |"
-        )
+        lines.append(f"| {h} | {b['diloco'] / 1e6:.3f} MB | {b['allreduce'] / 1e6:.3f} MB | {b['ratio']:.4f} | "
+                     f"{1 / h:.4f} |")
         print(lines[-1], flush=True)
     lm = lm_loss_comparison(args.lm_steps)
     lm_gap = (lm["two"] - lm["one"]) / lm["one"]
     lines += [
-        "",
-        "Held-out LM loss on the same training tokens (tiny student, a learnable sequence task, "
+        "", "Held-out LM loss on the same training tokens (tiny student, a learnable sequence task, "
         f"`lm_loss_comparison`, sync_every 8): 2 DiLoCo replicas x {args.lm_steps} steps **{lm['two']:.4f}**, "
         f"1 replica x {2 * args.lm_steps} steps **{lm['one']:.4f}** (untrained {lm['init']:.3f}): DiLoCo "
         f"{100 * lm_gap:+.1f} % against one replica (target: at most 5 % worse).",
@@ -364,23 +291,19 @@ def main(argv: list[str] | None = None) -> int:
             gap = abs(lc["two"] - lc["one"]) / max(abs(lc["one"]), 1e-12)
             dh = death_and_heal(Path(tmp), 32)
         lines += [
-            "",
-            f"The `diloco` preset itself (last quarter's mean `loss/total`, an RL loss near 0 whose value is noise "
+            "", f"The `diloco` preset itself (last quarter's mean `loss/total`, an RL loss near 0 whose value is noise "
             f"at this size, so the LM figure above is the comparison): "
             f"2 replicas x {args.run_steps} steps **{lc['two']:.4g}**, 1 replica x {2 * args.run_steps} "
             f"steps **{lc['one']:.4g}** (gap {100 * gap:.1f} %, target 5 %); final greedy eval reward "
-            f"{lc['eval_two']:.3f} vs {lc['eval_one']:.3f}.",
-            "",
+            f"{lc['eval_two']:.3f} vs {lc['eval_one']:.3f}.", "",
             f"A replica's death (`mesh.inject_fault=trainer:1:5:exit`): back and healed **{dh['heal_s']:.1f} s** "
             f"after it died ({dh['steps_down']} steps without it; Monarch reports the death after ~10 s, then a "
             f"fresh proc mesh imports torch and loads the model); the survivor ran **{dh['during_steps_per_s']:.2f}"
             f" steps/s** meanwhile against {dh['before_steps_per_s']:.2f} before (it waits for the death report "
-            f"once, then trains alone); parameters identical at the end: {bool(dh['identical'])}.",
-            "",
+            f"once, then trains alone); parameters identical at the end: {bool(dh['identical'])}.", "",
             slurm_line(slurm_row()),
         ]
-    page = write_section("diloco", "\n".join(lines))
-    print(f"wrote {page}")
+    record(args, "diloco", "\n".join(lines))
     return 0
 
 

@@ -117,30 +117,30 @@ class _Handler(BaseHTTPRequestHandler):
         with cfg.lock:
             cfg.requests.append(rec)
             fault = self._take_fault(cfg, model)
-        rec.fault = fault.kind if fault else None
+        rec.fault = kind = fault.kind if fault else None
         if not self.path.rstrip("/").endswith("/chat/completions") or body is None:
             rec.status = 404 if body is not None else 400
             return self._send(rec.status, _err(rec.status, "unknown path or bad JSON"))
         if cfg.api_key is not None and rec.authorization != f"Bearer {cfg.api_key}":
             rec.status = 401
             return self._send(401, _err(401, "No auth credentials found"))
-        if fault is not None and fault.kind in ("drop", "hang"):
+        if kind in ("drop", "hang"):
             rec.status = -1
-            if fault.kind == "hang":
+            if kind == "hang":
                 time.sleep(fault.latency_s)
             self.close_connection = True
             return
         if cfg.latency_s:
             time.sleep(cfg.latency_s)
-        if fault is not None and fault.kind == "status":
+        if kind == "status":
             rec.status = fault.status
             headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
             message = fault.message.replace("{auth}", rec.authorization or "")  # echo tests for key leaks
             return self._send(fault.status, _err(fault.status, message), headers)
         rec.status = 200
-        if fault is not None and fault.kind == "malformed":
+        if kind == "malformed":
             return self._send(200, b'{"choices": [ this is not json')
-        if fault is not None and fault.kind == "error_in_200":
+        if kind == "error_in_200":
             return self._send(200, _err(fault.code or 502, fault.message))
         self._send(200, json.dumps(self._completion(cfg, body, fault, rec)).encode())
 
@@ -155,7 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return f
         return None
 
-    def _completion(self, cfg: _Config, body: dict[str, Any], fault: Fault | None, rec: RecordedRequest) -> dict[str, Any]:
+    @staticmethod
+    def _completion(cfg: _Config, body: dict[str, Any], fault: Fault | None, rec: RecordedRequest) -> dict[str, Any]:
         out = cfg.reply(body)
         message = {"role": "assistant", "content": out} if isinstance(out, str) else out
         text = json.dumps(message.get("content")) + json.dumps(message.get("tool_calls") or "")
@@ -170,8 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
                 usage["cost"] = rec.cost_usd
         choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "message": message}
         if fault is not None and fault.kind == "finish_error":
-            choice["finish_reason"] = "error"
-            choice["error"] = {"code": fault.code or 502, "message": fault.message}
+            choice |= {"finish_reason": "error", "error": {"code": fault.code or 502, "message": fault.message}}
         return {"id": "gen-fake", "provider": "Fake", "model": model, "choices": [choice], "usage": usage}
 
 
@@ -196,15 +196,9 @@ class FakeOpenAIServer:
         report_cost: include ``usage.cost`` for models in ``prices``.
     """
 
-    def __init__(
-        self,
-        *,
-        latency_s: float = 0.0,
-        api_key: str | None = None,
-        reply: Callable[[dict[str, Any]], str | dict[str, Any]] = default_reply,
-        prices: dict[str, tuple[float, float]] | None = None,
-        report_cost: bool = True,
-    ) -> None:
+    def __init__(self, *, latency_s: float = 0.0, api_key: str | None = None,
+                 reply: Callable[[dict[str, Any]], str | dict[str, Any]] = default_reply,
+                 prices: dict[str, tuple[float, float]] | None = None, report_cost: bool = True) -> None:
         self.cfg = _Config(latency_s, api_key, reply, dict(prices or {}), report_cost)
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -233,7 +227,7 @@ class FakeOpenAIServer:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
-            self._httpd = None
+            self._httpd = self._thread = None
 
     def __enter__(self) -> FakeOpenAIServer:
         return self.start()
@@ -261,11 +255,8 @@ class FakeOpenAIServer:
 
     def count(self, *, model: str | None = None, status: int | None = None) -> int:
         """Requests seen (optionally for one model / answered with one status)."""
-        return sum(
-            1
-            for r in self.requests
-            if (model is None or r.model == model) and (status is None or r.status == status)
-        )
+        return sum((model is None or r.model == model) and (status is None or r.status == status)
+                   for r in self.requests)
 
 
 def main() -> None:

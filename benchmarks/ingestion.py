@@ -1,58 +1,30 @@
 """Throughput of ClaudeCodeIngester against the bare JSON parse of the same file.
 
-Why: ingestion runs over months of sessions; it must cost about what reading the JSON costs, and
-its history building must stay linear in the session length (no per-turn walk or copy of the
-whole history). Target: ingester MB/s >= 0.5x the rate of ``json.loads`` over every line, with
-secret redaction on (the default, what users run); the rate without it is reported beside it.
+Ingestion must cost about what reading the JSON costs and stay linear in the session length. Target:
+ingester MB/s >= 0.5x the rate of ``json.loads`` over every line, secret redaction on (the default); the
+rate without it is reported beside it.
 
     python -m benchmarks.ingestion [--mb 50] [--repeats 3] [--no-record]
 
-A synthetic v2.1-style session is generated in a temp folder (seeded): user prompts, assistant
-turns written one content block per line (text, thinking, tool_use) with tool results of 0.5-8 kB
-and their ``toolUseResult`` UI copies (a Read repeats the file text, an Edit carries the original
-file, as Claude Code writes them), progress / stop-hook / snapshot records and a compaction about
-every 600 kB (as Claude Code does near its context limit). A second file of the same size has no compaction at all (histories grow
-to the whole session) to show the cost stays linear.
+The synthetic v2.1-style session (seeded, in a temp folder): user prompts, assistant turns one content
+block per line (text, thinking, tool_use), tool results of 0.5-8 kB with their ``toolUseResult`` UI copies
+(a Read repeats the text, an Edit carries the original file), progress / stop-hook / snapshot records, a
+compaction about every 600 kB; a second file of the same size has none (histories grow to the whole session).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import random
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import parser, record
 from composer_replication.ingestion import ClaudeCodeIngester
 
-# ---------------------------------------------------------------------------- synthetic session
-_WORDS = (
-    "the",
-    "test",
-    "fails",
-    "because",
-    "value",
-    "parser",
-    "returns",
-    "None",
-    "when",
-    "input",
-    "is",
-    "empty",
-    "fix",
-    "edge",
-    "case",
-    "module",
-    "function",
-    "import",
-    "error",
-    "line",
-    "file",
-    "check",
-)
+_WORDS = ("the test fails because value parser returns None when input is empty fix edge case module function "
+          "import error line file check").split()
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -74,16 +46,9 @@ class _Writer:
 
     def emit(self, rec: dict, *, chain: bool = True) -> None:
         self.n += 1
-        base = {
-            "parentUuid": self.parent,
-            "isSidechain": False,
-            "userType": "external",
-            "cwd": "/home/dev/project",
-            "sessionId": "bench-0001",
-            "version": "2.1.42",
-            "gitBranch": "main",
-            "timestamp": f"2026-03-01T{self.n // 3600 % 24:02d}:{self.n // 60 % 60:02d}:{self.n % 60:02d}.000Z",
-        }
+        base = {"parentUuid": self.parent, "isSidechain": False, "userType": "external", "cwd": "/home/dev/project",
+                "sessionId": "bench-0001", "version": "2.1.42", "gitBranch": "main",
+                "timestamp": f"2026-03-01T{self.n // 3600 % 24:02d}:{self.n // 60 % 60:02d}:{self.n % 60:02d}.000Z"}
         if chain:
             base["uuid"] = f"{self.n:08x}-0000-4000-8000-{self.n:012x}"
         base.update(rec)
@@ -98,39 +63,18 @@ class _Writer:
         self.emit({"type": "user", "message": {"role": "user", "content": content}})
 
     def assistant(self, msg_id: str, block: dict) -> None:
-        usage = {
-            "input_tokens": 3,
-            "cache_creation_input_tokens": 1200,
-            "cache_read_input_tokens": 45000,
-            "cache_creation": {"ephemeral_5m_input_tokens": 1200, "ephemeral_1h_input_tokens": 0},
-            "output_tokens": 250,
-            "service_tier": "standard",
-        }
-        self.emit(
-            {
-                "type": "assistant",
-                "requestId": f"req_{msg_id}",
-                "message": {
-                    "model": "claude-sonnet-4-5-20250929",
-                    "id": msg_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [block],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": usage,
-                },
-            }
-        )
+        usage = {"input_tokens": 3, "cache_creation_input_tokens": 1200, "cache_read_input_tokens": 45000,
+                 "cache_creation": {"ephemeral_5m_input_tokens": 1200, "ephemeral_1h_input_tokens": 0},
+                 "output_tokens": 250, "service_tier": "standard"}
+        self.emit({"type": "assistant", "requestId": f"req_{msg_id}", "message": {
+            "model": "claude-sonnet-4-5-20250929", "id": msg_id, "type": "message", "role": "assistant",
+            "content": [block], "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
     def turn(self, t: int) -> None:
         rng = self.rng
         msg_id = f"msg_01{t:022d}"
         if rng.random() < 0.5:
-            self.assistant(
-                msg_id,
-                {"type": "thinking", "thinking": _text(rng, rng.randint(20, 80)), "signature": "E" * 200},
-            )
+            self.assistant(msg_id, {"type": "thinking", "thinking": _text(rng, rng.randint(20, 80)), "signature": "E" * 200})
         self.assistant(msg_id, {"type": "text", "text": _text(rng, rng.randint(5, 40))})
         n_calls = rng.choice((0, 1, 1, 1, 2))
         for k in range(n_calls):
@@ -144,82 +88,36 @@ class _Writer:
             self.emit({"type": "progress", "data": {"type": "hook_progress", "hookEvent": "PostToolUse"}})
             err = rng.random() < 0.05
             out = _code(rng, rng.randint(10, 120)) if name != "Edit" else f"The file {path} has been updated."
-            self.emit(
-                {
-                    "type": "user",
-                    "message": {
-                        "role": "user",
-                        "content": [
-                            {"tool_use_id": tid, "type": "tool_result", "is_error": err, "content": out}
-                        ],
-                    },
-                    "toolUseResult": _tool_use_result(rng, name, path, out),
-                }
-            )
+            result = {"tool_use_id": tid, "type": "tool_result", "is_error": err, "content": out}
+            self.emit({"type": "user", "message": {"role": "user", "content": [result]},
+                       "toolUseResult": _tool_use_result(rng, name, path, out)})
         if n_calls == 0:
             self.emit({"type": "system", "subtype": "stop_hook_summary", "hookCount": 1, "hookInfos": []})
             self.emit({"type": "file-history-snapshot", "messageId": msg_id, "snapshot": {}}, chain=False)
             self.user(_text(rng, rng.randint(5, 30)))
         if self.compact_every and self.since_compact > self.compact_every:
             self.parent = None
-            self.emit(
-                {
-                    "type": "system",
-                    "subtype": "compact_boundary",
-                    "logicalParentUuid": "x",
-                    "compactMetadata": {"trigger": "auto", "preTokens": 160000},
-                }
-            )
-            self.emit(
-                {
-                    "type": "user",
-                    "isCompactSummary": True,
-                    "message": {
-                        "role": "user",
-                        "content": "This session is being continued from a previous conversation. "
-                        + _text(rng, 200),
-                    },
-                }
-            )
+            self.emit({"type": "system", "subtype": "compact_boundary", "logicalParentUuid": "x",
+                       "compactMetadata": {"trigger": "auto", "preTokens": 160000}})
+            summary = "This session is being continued from a previous conversation. " + _text(rng, 200)
+            self.emit({"type": "user", "isCompactSummary": True, "message": {"role": "user", "content": summary}})
             self.since_compact = 0
 
 
 def _tool_use_result(rng: random.Random, name: str, path: str, out: str) -> dict:
     """The UI copy Claude Code writes beside each result (``toolUseResult``): as large as the output,
     or larger (an Edit carries the whole original file), as in real sessions."""
+    lines = out.count("\n") + 1
     if name == "Read":
-        return {
-            "type": "text",
-            "file": {
-                "filePath": path,
-                "content": out,
-                "numLines": out.count("\n") + 1,
-                "startLine": 1,
-                "totalLines": 400,
-            },
-        }
+        return {"type": "text", "file": {"filePath": path, "content": out, "numLines": lines, "startLine": 1,
+                                         "totalLines": 400}}
     if name == "Edit":
-        original = _code(rng, rng.randint(60, 240))
-        return {
-            "filePath": path,
-            "oldString": "a",
-            "newString": "b",
-            "originalFile": original,
-            "structuredPatch": [
-                {"oldStart": 10, "oldLines": 1, "newStart": 10, "newLines": 1, "lines": ["-a", "+b"]}
-            ],
-            "userModified": False,
-            "replaceAll": False,
-        }
+        patch = [{"oldStart": 10, "oldLines": 1, "newStart": 10, "newLines": 1, "lines": ["-a", "+b"]}]
+        return {"filePath": path, "oldString": "a", "newString": "b", "originalFile": _code(rng, rng.randint(60, 240)),
+                "structuredPatch": patch, "userModified": False, "replaceAll": False}
     if name == "Bash":
         return {"stdout": out, "stderr": "", "interrupted": False, "isImage": False}
-    return {
-        "mode": "content",
-        "numFiles": 3,
-        "filenames": [],
-        "content": out,
-        "numLines": out.count("\n") + 1,
-    }
+    return {"mode": "content", "numFiles": 3, "filenames": [], "content": out, "numLines": lines}
 
 
 def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int = 0) -> int:
@@ -234,23 +132,22 @@ def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int 
     return t
 
 
-# ---------------------------------------------------------------------------- measurement
+def _parse_lines(lines: list) -> int:
+    """``json.loads`` of every non-empty line (bytes or str); the number of lines."""
+    n = 0
+    for line in lines:
+        if line:
+            json.loads(line)
+            n += 1
+    return n
+
+
 def _bare_parse_bytes(path: Path) -> int:
-    n = 0
-    for line in path.read_bytes().split(b"\n"):
-        if line:
-            json.loads(line)
-            n += 1
-    return n
+    return _parse_lines(path.read_bytes().split(b"\n"))
 
 
-def _bare_parse_text(path: Path) -> int:
-    n = 0
-    for line in path.read_bytes().decode("utf-8").split("\n"):
-        if line:
-            json.loads(line)
-            n += 1
-    return n
+def _bare_parse_text(path: Path) -> int:  # one decode, then str lines
+    return _parse_lines(path.read_bytes().decode("utf-8").split("\n"))
 
 
 def _ingester(max_history_tokens: int | None, redact: bool = True):
@@ -304,21 +201,11 @@ def run(mb: float, repeats: int) -> list[dict]:
             t_parse = min(best["bytes"], best["text"])  # the faster of two plain loops
             for label, _every, _budget in cases:
                 n_states, n_msgs = outs[label]
-                rows.append(
-                    {
-                        "file": label,
-                        "mb": size,
-                        "lines": outs["bytes"],
-                        "turns": turns,
-                        "states": n_states,
-                        "avg_msgs": n_msgs / max(1, n_states),
-                        "parse_mb_s": size / t_parse,
-                        "ingest_mb_s": size / best[label],
-                        "ratio": t_parse / best[label],
-                        "off_mb_s": size / best[f"{label} (off)"],
-                        "ratio_off": t_parse / best[f"{label} (off)"],
-                    }
-                )
+                off = best[f"{label} (off)"]
+                rows.append({"file": label, "mb": size, "lines": outs["bytes"], "turns": turns, "states": n_states,
+                             "avg_msgs": n_msgs / max(1, n_states), "parse_mb_s": size / t_parse,
+                             "ingest_mb_s": size / best[label], "ratio": t_parse / best[label],
+                             "off_mb_s": size / off, "ratio_off": t_parse / off})
             path.unlink()
     return rows
 
@@ -326,87 +213,49 @@ def run(mb: float, repeats: int) -> list[dict]:
 def to_markdown(rows: list[dict], cmd: str) -> str:
     """The ingestion section of docs/benchmarks.md."""
     out = [
-        "# Ingestion throughput (ClaudeCodeIngester vs bare json.loads)",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        f"Machine: {platform.machine()} CPU, {platform.python_implementation()} {platform.python_version()}; "
-        "a 2-core container shared with other jobs at the time (absolute MB/s are noisy, the ratio less so). "
-        "CPU time (`time.process_time`), best of the repeats for each side, both in the same run, over the "
-        "same file; the bare parse is the faster of two plain loops (bytes lines, or one decode then str lines).",
-        "",
+        "# Ingestion throughput (ClaudeCodeIngester vs bare json.loads)", "", f"Command: `{cmd}`", "",
+        "CPU time (`time.process_time`: on a shared machine absolute MB/s are noisy, the ratio less so), best of the "
+        "repeats for each side, both in the same run over the same file; the bare parse is the faster of two plain "
+        "loops (bytes lines, or one decode then str lines).", "",
         "Target: ingester rate >= 0.5x the bare parse rate (`json.loads` of every line), with secret redaction on",
-        "(the default: what users run). The rate without redaction (`redact=False`) is measured beside it.",
-        "",
+        "(the default: what users run). The rate without redaction (`redact=False`) is measured beside it.", "",
         "| session | size (MB) | lines | turns -> states | messages / state | bare parse (MB/s) | ingester (MB/s) | ratio "
         "| without redaction (MB/s) | ratio |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        out.append(
-            f"| {r['file']} | {r['mb']:.1f} | {r['lines']} | {r['turns']} -> {r['states']} | {r['avg_msgs']:.0f} | "
+    out += [f"| {r['file']} | {r['mb']:.1f} | {r['lines']} | {r['turns']} -> {r['states']} | {r['avg_msgs']:.0f} | "
             f"{r['parse_mb_s']:.1f} | {r['ingest_mb_s']:.1f} | **{r['ratio']:.2f}x** | {r['off_mb_s']:.1f} | "
-            f"{r['ratio_off']:.2f}x |"
-        )
+            f"{r['ratio_off']:.2f}x |" for r in rows]
     out += [
-        "",
-        "How to read the rows:",
-        "",
-        "- **compaction every ~600 kB** is the realistic case: Claude Code compacts near its context limit, so",
-        "  histories stay bounded. This is the row the 0.5x target is about.",
-        "- **no compaction, max_history_tokens=32000**: one 50 MB context (impossible for a real session) with",
-        "  the training budget applied; the trimming window slides along each history (`HistoryWindow`),",
-        "  so every message is counted once, not once per state.",
-        "- **no compaction, whole histories (stress)**: every state carries the whole session so far (thousands",
-        "  of messages). Each `TraceState` needs its own `messages` list, so the output itself grows with",
-        "  turns x history length; the history *building* is still incremental (one list slice per state,",
-        "  the message dicts are shared), and what remains is the C-level copy of those slices.",
-        "",
-        "What the ingester does per line, beyond the parse: it decodes with `raw_decode` on strictly",
-        "decoded text (falling back to a tolerant path for bad bytes / NUL / truncation), reduces each",
-        "record to what histories and actions need (the parsed dict is dropped at once), builds the",
-        "record's history from its parent's as soon as the parent is known (appended in place while the",
-        "chain does not fork), dumps each tool input once (shared by the history and the action), and",
-        "pauses the cyclic GC while one file is indexed. Profiling showed the first version at ~0.2x:",
-        "case-insensitive regexes over multi-kB tool outputs (error classification) and retaining every",
-        "parsed record were the main costs.",
-        "",
-        "Redaction costs the gap between the two ratio columns: each text is scanned once per rule (22 rules:",
-        "key formats, names a secret is assigned to, PEM blocks). The scans run on the text's UTF-8 bytes (2x",
-        "faster than on a str holding one non-ASCII character, as a Read result's line arrows make it), open at",
-        "the rarest character of a rule's literal (a lookbehind checks the rest: ~2x faster than at an `e`), and a",
-        "text without that character skips the rule at `memchr` speed. Timed beside the previous redaction (plain",
-        "`re` on the str, every scan at the literal's first character) on the same 51 MB file in two runs: the",
-        "same output, redaction's cost 0.29-0.38 s -> 0.19-0.20 s, the realistic row 0.38-0.40x -> 0.44-0.52x.",
-        "",
-        "Numbers move by about +-20% between runs on this shared machine (load average 4-6 on 2 cores).",
-        "",
+        "", "How to read the rows:", "",
+        "- **compaction every ~600 kB** is the realistic case (Claude Code compacts near its context limit, so",
+        "  histories stay bounded): the row the 0.5x target is about.",
+        "- **no compaction, max_history_tokens=32000**: one 50 MB context (impossible for a real session) with the",
+        "  training budget applied; the trimming window slides along each history (`HistoryWindow`), so every",
+        "  message is counted once, not once per state.",
+        "- **no compaction, whole histories (stress)**: every state carries the whole session so far. Each",
+        "  `TraceState` needs its own `messages` list, so the output grows with turns x history length; the history",
+        "  *building* stays incremental (one list slice per state, the message dicts shared).", "",
+        "Per line, beyond the parse, the ingester decodes with `raw_decode` on strictly decoded text (a tolerant",
+        "path for bad bytes / NUL / truncation), keeps only what histories and actions need, builds each record's",
+        "history from its parent's (appended in place while the chain does not fork), dumps each tool input once,",
+        "and pauses the cyclic GC while a file is indexed.", "",
+        "Redaction costs the gap between the two ratio columns: each text is scanned once per rule (22 rules: key",
+        "formats, names a secret is assigned to, PEM blocks), on the text's UTF-8 bytes, each scan opening at the",
+        "rarest character of the rule's literal (a text without it skips the rule at `memchr` speed).", "",
     ]
     return "\n".join(out)
 
 
 def main() -> None:
     """Parse arguments, run, print the table and write the markdown page."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)"
-    )
+    p = parser(__doc__)
+    p.add_argument("--mb", type=float, default=50.0, help="size of each synthetic session in MB (>= 50 for the record)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (the best is kept)")
-    p.add_argument(
-        "--no-record", action="store_true", help="print only; do not update the ingestion section of docs/benchmarks.md"
-    )
     args = p.parse_args()
-    rows = run(args.mb, args.repeats)
-    for r in rows:
-        print(
-            f"{r['file']:>42}: {r['mb']:.1f} MB, {r['states']} states, {r['avg_msgs']:.0f} msgs/state | "
-            f"bare parse {r['parse_mb_s']:.1f} MB/s | "
-            f"ingester {r['ingest_mb_s']:.1f} MB/s | ratio {r['ratio']:.2f}x (target >= 0.5x) | without "
-            f"redaction {r['off_mb_s']:.1f} MB/s, {r['ratio_off']:.2f}x"
-        )
-    if not args.no_record:
-        cmd = f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}"
-        print(f"wrote {write_section('ingestion', to_markdown(rows, cmd))}")
+    md = to_markdown(run(args.mb, args.repeats), f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}")
+    print(md)
+    record(args, "ingestion", md)
 
 
 if __name__ == "__main__":

@@ -4,31 +4,26 @@
     python -m benchmarks.learning --preset tiny --seeds 2 student.num_steps=8
     python -m benchmarks.learning run.eval_every=8                   # the curve, an evaluation every 8 steps
 
-Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), one after the other.
-Every run evaluates on the held-out sessions (whole sessions that enter no training channel) at its start
-and at its end; the benchmark reads ``eval_start`` / ``eval_end`` from each run's ``summary.json`` and the
-``eval/*`` rows of ``metrics.jsonl`` (the curve). It reports, per seed, the held-out agreement with the
-recorded action (``eval/agreement_partial``: partial credit per tool call; ``eval/agreement``: exact),
-the well-formed call rate and the training reward; then the mean gain over seeds and its standard
-deviation. The rule: the agreement rises in every seed and the mean gain exceeds twice its standard
-deviation. It draws the curves into ``docs/img/learning.png`` and writes its section of docs/benchmarks.md.
+Each seed is one full ``python -m recipes.monarch.run`` (own controller and meshes), one after the other,
+evaluated on the held-out sessions (entering no training channel) at its start and end (``eval_start`` /
+``eval_end`` of ``summary.json``, the curve from the ``eval/*`` rows of ``metrics.jsonl``). Per seed: the
+agreement with the recorded action (``eval/agreement_partial``: partial credit per tool call;
+``eval/agreement``: exact), the well-formed call rate and the training reward; then the mean gain and its
+std over seeds. Rule: the agreement rises in every seed and the mean gain exceeds twice its std. The
+curves go to ``docs/img/learning.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import REPO, command, metrics_rows, parser, record, run_recipe
 
-REPO = Path(__file__).resolve().parents[1]
 PICTURE = REPO / "docs" / "img" / "learning.png"
 METRIC = "eval/agreement_partial"
 SHOWN = ("eval/agreement_partial", "eval/agreement", "eval/tool_choice_rate", "eval/well_formed_call_rate")
@@ -38,20 +33,36 @@ def run_seed(preset: str, seed: int, folder: Path, overrides: list[str], *, reus
              metric: str = METRIC) -> dict:
     """One recipe run (or, with ``reuse``, the finished run already in ``folder``); returns its summary plus its
     eval curve ``[(step, {metric: value})]`` (the ``eval/*`` rows holding ``metric``)."""
-    args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"student.seed={seed}",
-            f"run.dir={folder}", "run.display=plain", "run.evaluate=true", *overrides]
     t0 = time.perf_counter()
     if not (reuse and (folder / "summary.json").is_file()):
-        proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"seed {seed} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        run_recipe(folder, "--config", preset, f"student.seed={seed}", "run.display=plain", "run.evaluate=true",
+                   *overrides)
     summary = json.loads((folder / "summary.json").read_text())
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = metrics_rows(folder)
     summary["curve"] = [(r["step"], r) for r in rows if metric in r]
     summary["reward_curve"] = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
     summary["bench_wall_s"] = summary.get("wall_time_s", 0.0) if reuse else time.perf_counter() - t0
     return summary
+
+
+def verdict(gains: list[float]) -> tuple[float, float, bool]:
+    """``(mean, std, rises)``: rises in every seed and the mean gain exceeds twice its std (one seed: rises)."""
+    mean = statistics.mean(gains)
+    spread = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+    return mean, spread, all(g > 0 for g in gains) and (len(gains) == 1 or mean > 2 * spread)
+
+
+def seed_parser(doc: str, preset: str) -> argparse.ArgumentParser:
+    """The command line of :mod:`benchmarks.learning` and :mod:`benchmarks.agentic` (``preset``: the default)."""
+    p = parser(doc)
+    p.add_argument("--preset", default=preset, help="recipe preset (recipes/monarch/configs)")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--reuse", action="store_true",
+                   help="with --out: take seeds whose run folder already holds a finished run (summary.json) as they are "
+                        "(e.g. seeds run in parallel with the command the benchmark prints) instead of running them again")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
+    return p
 
 
 def draw(results: list[dict], path: Path, metric: str = METRIC, title: str = "held-out agreement (partial credit)"
@@ -78,16 +89,7 @@ def draw(results: list[dict], path: Path, metric: str = METRIC, title: str = "he
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="single_node", help="recipe preset (recipes/monarch/configs)")
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
-    p.add_argument("--out", default=None, help="keep the run folders here (default: a temporary folder)")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md nor the picture")
-    p.add_argument("--reuse", action="store_true",
-                   help="with --out: take seeds whose run folder already holds a finished run (summary.json) as they are "
-                        "(e.g. seeds run in parallel with the command the benchmark prints) instead of running them again")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
-    args = p.parse_args(argv)
+    args = seed_parser(__doc__, "single_node").parse_args(argv)
     results, gains = [], []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
@@ -100,15 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"exact {start['eval/agreement']:.3f} -> {end['eval/agreement']:.3f}; well-formed "
                   f"{start['eval/well_formed_call_rate']:.3f} -> {end['eval/well_formed_call_rate']:.3f}; "
                   f"{res['steps']} steps, {res['bench_wall_s']:.0f} s", flush=True)
-    mean = statistics.mean(gains)
-    spread = statistics.stdev(gains) if len(gains) > 1 else float("nan")
-    learned = all(g > 0 for g in gains) and (len(gains) == 1 or mean > 2 * spread)
+    mean, spread, learned = verdict(gains)
     print(f"\nheld-out {METRIC} gain over {len(gains)} seed(s): {mean:+.3f} +- {spread:.3f} (std); "
           f"learning {'SHOWN' if learned else 'NOT SHOWN'} (rule: rises in every seed, mean > 2 std)")
     if not args.no_record:
         draw(results, PICTURE)
-        cmd = " ".join(["python -m benchmarks.learning", *(sys.argv[1:] if argv is None else argv)])
-        print(f"wrote {write_section('learning', _markdown(cmd, args.preset, results, gains, mean, spread, learned))}")
+    record(args, "learning", _markdown(command("learning", argv), args.preset, results, gains, mean, spread, learned))
     return 0 if learned else 1
 
 

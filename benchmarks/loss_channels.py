@@ -1,14 +1,10 @@
 """Every channel's loss and gradient norm on the ``benchmarks.losses`` batch, for every loss variant.
 
-Why: a refactor of the loss library must not change a single bit of what it computes. This prints,
-for channel 3 in {dpo, simpo} x channel 2 in {jsd (``sdpo_wrapper="none"``), taid, entropy_opd}, the
-value of each channel (the spec fields ``lm_ce`` (channel 1, GRPO here), ``sdpo_jsd``,
-``trace_replay_dpo`` and ``total``) and the global L2 norm of the gradient of each channel alone,
-as exact ``float.hex`` strings. Run it before and after a change and ``diff`` the outputs.
-
-Only the spec's keyword API of ``compose_loss`` is used, so the script runs on any version.
-
-Launch::
+A refactor of the loss library must not change a bit of what it computes. For channel 3 in {dpo, simpo} x
+channel 2 in {jsd (``sdpo_wrapper="none"``), taid, entropy_opd} this prints each channel's value (``lm_ce``
+(GRPO here), ``sdpo_jsd``, ``trace_replay_dpo``, ``total``) and the global L2 norm of its gradient alone, as
+exact ``float.hex`` strings, through the spec's keyword API of ``compose_loss`` only: ``diff`` the output of
+a run before and after a change.
 
     python -m benchmarks.loss_channels                   # B=2, T=256, chunk sizes 256 and naive
     python -m benchmarks.loss_channels --seq 1024 --chunk-sizes 256
@@ -41,32 +37,19 @@ def run(args: argparse.Namespace) -> list[str]:
     params = [p for p in model.parameters() if p.requires_grad]
     batch = _batch(args.batch, args.seq, args.response_frac, args.hint, "cpu")
     with torch.no_grad():  # on-policy rollout: old log-probs = current ones, as in benchmarks.losses
-        batch["old_logprobs"] = token_logprobs_for(
-            model,
-            batch["input_ids"],
-            batch["attention_mask"],
-            response_mask=batch["response_mask"],
-            chunk_size=256,
-        )
+        batch["old_logprobs"] = token_logprobs_for(model, batch["input_ids"], batch["attention_mask"],
+                                                   response_mask=batch["response_mask"], chunk_size=256)
     lines = []
     for chunk in args.chunk_sizes:
         chunk_size = None if chunk == "naive" else int(chunk)
         for variant, wrapper in VARIANTS:
-            out = compose_loss(
-                model,
-                batch,
-                dpo_variant=variant,
-                sdpo_wrapper=wrapper,
-                chunk_size=chunk_size,
-                taid_t=0.4 if wrapper == "taid" else None,
-            )
+            out = compose_loss(model, batch, dpo_variant=variant, sdpo_wrapper=wrapper, chunk_size=chunk_size,
+                               taid_t=0.4 if wrapper == "taid" else None)
             for name in CHANNELS:
                 loss = getattr(out, name)
                 g = _grad_norm(loss, params)
-                lines.append(
-                    f"chunk={chunk:<5} {variant:<5} {wrapper:<11} {name:<16} "
-                    f"loss={float(loss):.9g} ({float(loss).hex()}) grad_norm={g:.9g} ({g.hex()})"
-                )
+                lines.append(f"chunk={chunk:<5} {variant:<5} {wrapper:<11} {name:<16} "
+                             f"loss={float(loss):.9g} ({float(loss).hex()}) grad_norm={g:.9g} ({g.hex()})")
     return lines
 
 
@@ -74,15 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=2, help="student rows B (also teacher rows and DPO pairs)")
     p.add_argument("--seq", type=int, default=256, help="sequence length T")
-    p.add_argument(
-        "--response-frac", type=float, default=0.5, help="fraction of each sequence that is response"
-    )
+    p.add_argument("--response-frac", type=float, default=0.5, help="fraction of each sequence that is response")
     p.add_argument("--hint", type=int, default=64, help="extra tokens in the teacher's hinted context")
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the random SmolLM2-sized Llama")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument(
-        "--chunk-sizes", nargs="+", default=["256", "naive"], help="chunk sizes ('naive' = full logits)"
-    )
+    p.add_argument("--chunk-sizes", nargs="+", default=["256", "naive"], help="chunk sizes ('naive' = full logits)")
     args = p.parse_args(argv)
     print("\n".join(run(args)))
 

@@ -1,21 +1,15 @@
 """Chunked vs naive three-channel loss: peak memory, time and loss equality, forward + backward.
 
-Why: DESIGN.md section 4.5 targets a fraction of the naive peak memory at near the naive speed for the
-log-prob and distillation losses at SmolLM2's vocabulary. This runs ``compose_loss`` with all three
-channels on (GRPO with rollout keys, generalized-JSD self-distillation, DPO) once with naive full
-logits (``chunk_size=None``) and once per chunk size, each in a fresh subprocess, and compares.
-
-Model: a random Llama with SmolLM2-135M's hidden size (576) and vocabulary (49152) but 2 layers (the
-lm_head/vocabulary part, which the kernels change, is the full size; the decoder is cut short).
-
-Memory: peak RSS of the worker process during one forward + backward, minus its RSS just before
-(``/proc/self/clear_refs`` resets the high-water mark; glibc is told to mmap every allocation above
-64 KiB so freed buffers leave RSS); on CUDA, ``torch.cuda.max_memory_allocated``.
-
-Launch::
+DESIGN.md section 4.5 targets a fraction of the naive peak memory at near the naive speed at SmolLM2's
+vocabulary. ``compose_loss`` with all three channels (GRPO with rollout keys, generalized-JSD
+self-distillation, DPO) runs with full logits (``chunk_size=None``) and once per chunk size, each in a
+fresh subprocess, on a random Llama with SmolLM2-135M's hidden size (576) and vocabulary (49152) but 2
+layers. Memory: the worker's peak RSS during one forward + backward minus its RSS before
+(``/proc/self/clear_refs`` resets the high-water mark; glibc mmaps every allocation above 64 KiB so freed
+buffers leave RSS); on CUDA, ``torch.cuda.max_memory_allocated``.
 
     python -m benchmarks.losses                       # B=2, T=1024, chunk sizes 1024 and 256
-    python -m benchmarks.losses --chunk-sizes 1024 256 128 --response-frac 1.0 --write /tmp/losses.md
+    python -m benchmarks.losses --chunk-sizes 1024 256 128 --response-frac 1.0 --no-record
 """
 
 from __future__ import annotations
@@ -29,9 +23,7 @@ import time
 
 import torch
 
-from benchmarks.report import write_section
-
-# ---------------------------------------------------------------------------- worker
+from benchmarks.report import command, parser, record
 
 
 def _model(device: str, layers: int) -> torch.nn.Module:
@@ -77,10 +69,7 @@ def _batch(B: int, T: int, frac: float, hint: int, device: str, seed: int = 0) -
 
 def _rss_kib(field: str) -> int:
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def _run(model, batch, chunk_size):
@@ -128,13 +117,10 @@ def worker(args: argparse.Namespace) -> dict:
     }
 
 
-# ---------------------------------------------------------------------------- driver
-
-
 def _spawn(mode: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.losses", "--worker", mode, "--batch", str(args.batch),
-           "--seq", str(args.seq), "--response-frac", str(args.response_frac), "--hint", str(args.hint),
-           "--layers", str(args.layers), "--threads", str(args.threads), "--device", args.device]
+    cmd = [sys.executable, "-m", "benchmarks.losses", "--worker", mode]
+    for k in ("batch", "seq", "response_frac", "hint", "layers", "threads", "device"):
+        cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(args.threads)}
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
@@ -172,7 +158,7 @@ def _table(naive: dict, rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--batch", type=int, default=2, help="student rows B (also teacher rows and DPO pairs)")
     p.add_argument("--seq", type=int, default=1024, help="sequence length T")
     p.add_argument("--response-frac", type=float, default=0.5, help="fraction of each sequence that is response")
@@ -181,8 +167,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[1024, 256], help="chunk sizes to compare")
-    p.add_argument("--write", default=None, help="append the table to this markdown file")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section losses_latest)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
@@ -195,15 +179,9 @@ def main(argv: list[str] | None = None) -> None:
               f"channels {', '.join(k.removeprefix('loss/') for k in _channels(naive)[:-1])}, alpha_sdpo=0.1, "
               "beta_replay=0.05")
     table = _table(naive, rows)
-    print(header)
-    print(table)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(f"\n### {header}\n\n{table}\n")
-    if not args.no_record:
-        cmd = " ".join(["python -m benchmarks.losses", *(sys.argv[1:] if argv is None else argv)])
-        md = f"# Chunked vs naive loss: the latest run\n\nCommand: `{cmd}`\n\n{header}\n\n{table}\n"
-        print(f"wrote {write_section('losses_latest', md)}")
+    print(f"{header}\n{table}")
+    md = f"# Chunked vs naive loss: the latest run\n\nCommand: `{command('losses', argv)}`\n\n{header}\n\n{table}\n"
+    record(args, "losses_latest", md)
 
 
 if __name__ == "__main__":

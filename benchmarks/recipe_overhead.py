@@ -3,34 +3,31 @@
     python -m benchmarks.recipe_overhead                    # tiny preset, 8 steps
     python -m benchmarks.recipe_overhead --preset single_node --steps 6
 
-Both sides train the same ``StudentConfig`` on the same states and pairs (replayed once, in this
-process, before either side starts): ``run_plain`` in this process, then a ``StudentTrainer`` actor
-on a trainer proc mesh with the ``Reducer`` folding its metrics and the controller logging them to a
-run folder, exactly as ``recipes.monarch.run`` does. The compared figure is the median wall time per
-step between consecutive logged steps (step 0, the warm-up, excluded); setup is reported apart.
-Target: mesh / plain <= 1.10. Same seed on both sides, so the losses must also match exactly.
+Both sides train the same ``StudentConfig`` on the same states and pairs (replayed once, here, first):
+``run_plain`` in this process, then a ``StudentTrainer`` actor on a trainer proc mesh with the ``Reducer``
+folding its metrics and the controller logging them, as ``recipes.monarch.run`` does. Compared: the median
+wall time between consecutive logged steps (step 0 excluded; setup apart). Target: mesh / plain <= 1.10;
+same seed on both sides, so the losses must match exactly.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import command, parser, record
 
 
 def _pairs(cfg, states):
+    """The preset's teacher pairs of ``states``, replayed and normalized as the recipe does."""
     from composer_replication.replaysim import DJNormalizer
     from composer_replication.teacher_replay import PairCollector, TeacherReplayer
 
     t = cfg.teachers
     rp = TeacherReplayer(cfg.teacher_specs(), max_tokens=t.max_tokens, temperature=t.temperature, seed=cfg.student.seed)
-    import asyncio
-
     results = asyncio.run(rp.replay(states, max_total_usd=t.max_total_usd))
     coll = PairCollector(states, num_teachers=len(t.slugs), agreement_threshold=t.agreement_threshold)
     pairs = [p for r in results for p in coll.add(r)]
@@ -48,8 +45,7 @@ def plain_side(cfg, data, folder: Path) -> tuple[list[float], list[float], float
         totals.append(metrics["loss/total"])
 
     run_plain(cfg.student, data, folder, checkpoint_every=0, evaluate=False, on_step=on_step)
-    first = stamps[0] - t0
-    return stamps, totals, first
+    return stamps, totals, stamps[0] - t0
 
 
 def mesh_side(cfg, states, pairs, folder: Path) -> tuple[list[float], list[float], float]:
@@ -80,11 +76,10 @@ def mesh_side(cfg, states, pairs, folder: Path) -> tuple[list[float], list[float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--preset", default="tiny", help="recipe preset (recipes/monarch/configs)")
     p.add_argument("--steps", type=int, default=8, help="training steps on each side (>= 3)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md (section recipe_overhead)")
     args = p.parse_args(argv)
     from composer_replication.engine import build_training_data
     from meshes import install_fault_hook
@@ -103,21 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     restore()
     plain = statistics.median(b - a for a, b in zip(ps, ps[1:]))  # median: robust to other jobs' spikes
     mesh = statistics.median(b - a for a, b in zip(ms, ms[1:]))
-    print(f"preset {args.preset}, {cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs")
-    print(f"{'side':<6} {'setup+step0 (s)':>16} {'median s/step':>14}")
-    print(f"{'plain':<6} {psetup:>16.2f} {plain:>14.3f}")
-    print(f"{'mesh':<6} {msetup:>16.2f} {mesh:>14.3f}")
-    print(f"ratio mesh/plain (s/step): {mesh / plain:.3f}  (target <= 1.10)")
-    print(f"identical losses on both sides: {ptot == mtot}")
-    if not args.no_record:
-        cmd = " ".join(["python -m benchmarks.recipe_overhead", *(sys.argv[1:] if argv is None else argv)])
-        md = (f"# Recipe overhead: plain loop vs meshes\n\nCommand: `{cmd}` (preset `{args.preset}`, "
-              f"{cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs; median wall time per step, "
-              "step 0 excluded)\n\n| side | setup + step 0 (s) | median s / step |\n|---|---|---|\n"
-              f"| plain (`run_plain`) | {psetup:.2f} | {plain:.3f} |\n| mesh (`StudentTrainer` + `Reducer`) | {msetup:.2f} | "
-              f"{mesh:.3f} |\n\n**mesh / plain: {mesh / plain:.3f}** (target <= 1.10: "
-              f"{'met' if mesh / plain <= 1.10 else 'not met'}); identical losses on both sides: {ptot == mtot}.\n")
-        print(f"wrote {write_section('recipe_overhead', md)}")
+    md = (f"# Recipe overhead: plain loop vs meshes\n\nCommand: `{command('recipe_overhead', argv)}` (preset `{args.preset}`, "
+          f"{cfg.student.num_steps} steps, {len(states)} states, {len(pairs)} pairs; median wall time per step, "
+          "step 0 excluded)\n\n| side | setup + step 0 (s) | median s / step |\n|---|---|---|\n"
+          f"| plain (`run_plain`) | {psetup:.2f} | {plain:.3f} |\n| mesh (`StudentTrainer` + `Reducer`) | {msetup:.2f} | "
+          f"{mesh:.3f} |\n\n**mesh / plain: {mesh / plain:.3f}** (target <= 1.10: "
+          f"{'met' if mesh / plain <= 1.10 else 'not met'}); identical losses on both sides: {ptot == mtot}.\n")
+    print(md)
+    record(args, "recipe_overhead", md)
     return 0
 
 

@@ -1,13 +1,10 @@
 """Teacher-replay throughput against a fake OpenAI-compatible server: measured vs ideal.
 
-Why: the replay client should keep ``max_concurrency`` calls in flight all the time, so that its
-wall time approaches ``calls x latency / concurrency``. Real teacher calls take seconds, so this runs
-600 states x 3 teachers against ``benchmarks/fake_openai_server.py`` at 2 s of latency per call and
-concurrency 128 on the stock ``httpx.AsyncClient``, computes the ideal in the same run, and reports
-the achieved rate as a fraction of the ideal (target >= 0.85). The ideal ignores the replay's one
-deliberate serial step: each teacher's first call runs alone until its bill is known (see
-``docs/teacher_replay.md``), which costs one latency at the start. The fake server runs in a
-separate process (so its Python threads do not share the client's GIL), unless ``--in-process``.
+The client should keep ``max_concurrency`` calls in flight, so that its wall time approaches ``calls x
+latency / concurrency``: 600 states x 3 teachers against ``benchmarks/fake_openai_server.py`` (its own
+own process, so its threads do not share the client's GIL) at 2 s per call on the stock
+``httpx.AsyncClient``; the achieved rate as a fraction of the ideal, target >= 0.85 (the ideal ignores one
+deliberate latency: each teacher's first call runs alone until its bill is known, docs/teacher_replay.md).
 Also measured: the same replay with the write-ahead ledger (two fsync'ed records per call).
 
     python -m benchmarks.replay            # prints a table, updates its section of docs/benchmarks.md
@@ -17,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,33 +22,22 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.fake_openai_server import FakeOpenAIServer
-from benchmarks.report import write_section
+from benchmarks.report import REPO, command, parser, record
 from composer_replication.teacher_replay import replay_trace
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET = 0.85
 
 
 def _states(n: int) -> list[dict]:
-    return [
-        {
-            "state_id": f"bench::{i:05d}",
-            "messages": [{"role": "user", "content": f"Task {i}: fix the failing test in module_{i}.py"}],
-            "student_action": "I give up.",
-        }
-        for i in range(n)
-    ]
+    return [{"state_id": f"bench::{i:05d}", "student_action": "I give up.",
+             "messages": [{"role": "user", "content": f"Task {i}: fix the failing test in module_{i}.py"}]}
+            for i in range(n)]
 
 
-def _start_server(latency: float, in_process: bool) -> tuple[str, object]:
-    if in_process:
-        srv = FakeOpenAIServer(latency_s=latency).start()
-        return srv.base_url, srv
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fake_openai_server", "--latency", str(latency)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+def _start_server(latency: float) -> tuple[str, subprocess.Popen]:
+    """The fake server in its own process (its threads do not share the client's GIL): its base URL and process."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.fake_openai_server", "--latency", str(latency)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     if len(line) != 2 or line[0] != "PORT":
         proc.kill()
@@ -61,31 +45,15 @@ def _start_server(latency: float, in_process: bool) -> tuple[str, object]:
     return f"http://127.0.0.1:{line[1]}/api/v1", proc
 
 
-def _stop_server(handle: object) -> None:
-    if isinstance(handle, FakeOpenAIServer):
-        handle.stop()
-    else:
-        handle.kill()  # type: ignore[attr-defined]
-        handle.wait()  # type: ignore[attr-defined]
-
-
-def run_once(
-    base_url: str, n_states: int, n_teachers: int, concurrency: int, ledger: Path | None
-) -> tuple[float, int]:
-    """Wall seconds and successful calls of one replay."""
-    teachers = [
-        {"slug": f"fake/t{i}", "input_per_mtok": 1.0, "output_per_mtok": 2.0, "base_url": base_url}
-        for i in range(n_teachers)
-    ]
+def run_once(base_url: str, n_states: int, n_teachers: int, concurrency: int, ledger: Path | None
+             ) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and successful calls of one replay."""
+    teachers = [{"slug": f"fake/t{i}", "input_per_mtok": 1.0, "output_per_mtok": 2.0, "base_url": base_url}
+                for i in range(n_teachers)]
     t0, c0 = time.perf_counter(), time.process_time()
-    res = asyncio.run(
-        replay_trace(
-            _states(n_states), teachers, 100.0, None, max_concurrency=concurrency,
-            per_teacher_concurrency=concurrency, max_tokens=64, ledger_path=ledger,
-        )
-    )  # fmt: skip
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return wall, cpu, sum(r["error"] is None for r in res)
+    res = asyncio.run(replay_trace(_states(n_states), teachers, 100.0, None, max_concurrency=concurrency,
+                                   per_teacher_concurrency=concurrency, max_tokens=64, ledger_path=ledger))
+    return time.perf_counter() - t0, time.process_time() - c0, sum(r["error"] is None for r in res)
 
 
 def _calibrate() -> float:
@@ -109,8 +77,7 @@ def _measure(base_url: str, args: argparse.Namespace, plan: list[tuple[str, int,
                 wall, cpu, ok = run_once(base_url, args.states, args.teachers, conc, ledger)
                 if ok != calls:
                     raise RuntimeError(f"{calls - ok} calls failed during the benchmark")
-                walls.append(wall)
-                cpus.append(cpu)
+                walls, cpus = [*walls, wall], [*cpus, cpu]
             ideal = calls * args.latency / conc
             rows.append((label, conc, ideal, min(walls), sum(walls) / len(walls), min(cpus) / calls * 1000))
     return rows
@@ -118,79 +85,50 @@ def _measure(base_url: str, args: argparse.Namespace, plan: list[tuple[str, int,
 
 def main() -> None:
     """Run the benchmark, print the table and update the replay section of docs/benchmarks.md."""
-    ap = argparse.ArgumentParser(description="teacher-replay throughput vs the ideal")
+    ap = parser("teacher-replay throughput vs the ideal")
     ap.add_argument("--states", type=int, default=600, help="trace states")
     ap.add_argument("--teachers", type=int, default=3, help="teachers per state")
     ap.add_argument("--latency", type=float, default=2.0, help="server latency per call (s)")
     ap.add_argument("--concurrency", default="64,128", help="max calls in flight, one row each (comma list)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per row (best is reported)")
-    ap.add_argument("--in-process", action="store_true", help="run the fake server in this process")
-    ap.add_argument("--no-record", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
-
     concs = [int(c) for c in args.concurrency.split(",") if c.strip()]
     plan = [("no ledger", c, False) for c in concs] + [("write-ahead ledger", concs[-1], True)]
-    calls = args.states * args.teachers
     calib = _calibrate()
-    base_url, handle = _start_server(args.latency, args.in_process)
+    base_url, server = _start_server(args.latency)
     try:
         run_once(base_url, 4, args.teachers, concs[-1], None)  # warm-up (imports)
         rows = _measure(base_url, args, plan)
     finally:
-        _stop_server(handle)
-
-    header = (
-        f"{args.states} states x {args.teachers} teachers = {calls} calls, latency {args.latency * 1000:.0f} ms, "
-        f"stock httpx {httpx.__version__} (httpcore); ideal wall = calls x latency / concurrency"
-    )
-    table = [
-        "| run | concurrency | ideal wall s | best wall s | mean wall s | achieved / ideal rate "
-        "| client CPU ms/call | CPU-bound max / ideal |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    table += [
-        f"| {label} | {conc} | {ideal:.1f} | {best:.1f} | {mean:.1f} | {ideal / best:.2f} | {cpu_ms:.2f} "
-        f"| {1000 / cpu_ms / (conc / args.latency):.2f} |"
-        for label, conc, ideal, best, mean, cpu_ms in rows
-    ]
-    print(f"reference loop: {calib:.2f} s CPU")
-    print(header)
-    print("\n".join(table))
+        server.kill()
+        server.wait()
+    header = (f"{args.states} states x {args.teachers} teachers = {args.states * args.teachers} calls, latency "
+              f"{args.latency * 1000:.0f} ms, stock httpx {httpx.__version__} (httpcore); ideal wall = calls x "
+              "latency / concurrency")
+    table = ["| run | concurrency | ideal wall s | best wall s | mean wall s | achieved / ideal rate "
+             "| client CPU ms/call | CPU-bound max / ideal |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    table += [f"| {label} | {conc} | {ideal:.1f} | {best:.1f} | {mean:.1f} | {ideal / best:.2f} | {cpu_ms:.2f} "
+              f"| {1000 / cpu_ms / (conc / args.latency):.2f} |" for label, conc, ideal, best, mean, cpu_ms in rows]
+    print(f"reference loop: {calib:.2f} s CPU\n{header}\n" + "\n".join(table))
     ok = all(ideal / best >= TARGET for _, _, ideal, best, _, _ in rows)
     print(f"target >= {TARGET:.2f} x ideal: {'met' if ok else 'NOT met'}")
-    if not args.no_record:
-        md = _markdown(args, calib, header, table, ok)
-        print(f"wrote {write_section('replay', md)}")
+    record(args, "replay", _markdown(args, calib, header, table, ok))
 
 
 def _markdown(args: argparse.Namespace, calib: float, header: str, table: list[str], ok: bool) -> str:
-    server = "same process (threads)" if args.in_process else "separate process"
+    """The replay section of docs/benchmarks.md: the conditions, the table and the target."""
     md = [
-        "# Teacher replay throughput",
-        "",
-        "Command: `python -m benchmarks.replay`" + (" --in-process" if args.in_process else ""),
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores ({platform.python_version()}), shared with "
-        "other jobs at the time of the run; fake server (`benchmarks/fake_openai_server.py`) in a "
-        f"{server} on 127.0.0.1. Best of {args.repeats} runs after a warm-up. "
-        f"1-minute load average at the end: {os.getloadavg()[0]:.1f}. Reference loop (5M Python additions): "
-        f"{calib:.2f} s CPU (an unloaded modern x86 core takes roughly 0.2 s; larger means a slower or "
-        "contended core).",
-        "",
-        "`client CPU ms/call` is the replay process's CPU time per call; `CPU-bound max / ideal` is the "
-        "rate one free core could sustain at that cost (1 / CPU per call), as a fraction of the ideal rate: "
-        "when it is below 1 the client is CPU-bound, whatever the concurrency; when the achieved rate is "
-        "far below it, the process did not get a free core (other jobs). The ideal ignores one deliberate "
-        "latency at the start: each teacher's first call runs alone until its bill is known. Stock "
-        "httpx's CPU per call grows with the number of pooled connections (httpcore scans its pool on "
-        "every request and release).",
-        "",
-        header,
-        "",
-        *table,
-        "",
-        f"Target: achieved rate >= {TARGET:.2f} x the ideal rate: **{'met' if ok else 'not met'}**.",
-        "",
+        "# Teacher replay throughput", "", f"Command: `{command('replay')}`", "",
+        f"Fake server (`benchmarks/fake_openai_server.py`) in a separate process on 127.0.0.1. Best of {args.repeats} "
+        f"runs after a warm-up. Reference loop (5M Python additions): {calib:.2f} s CPU (an unloaded modern x86 core "
+        "takes roughly 0.2 s; larger means a slower or contended core).", "",
+        "`client CPU ms/call` is the replay process's CPU time per call; `CPU-bound max / ideal` the rate one free "
+        "core could sustain at that cost, as a fraction of the ideal: below 1 the client is CPU-bound whatever the "
+        "concurrency; an achieved rate far below it means the process did not get a free core. The ideal ignores "
+        "one deliberate latency (each teacher's first call runs alone until its bill is known). Stock httpx's CPU "
+        "per call grows with the pooled connections (httpcore scans its pool on every request and release).", "",
+        header, "", *table, "",
+        f"Target: achieved rate >= {TARGET:.2f} x the ideal rate: **{'met' if ok else 'not met'}**.", "",
     ]
     return "\n".join(md)
 

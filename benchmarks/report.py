@@ -5,14 +5,18 @@ replaces only that section (atomically: temporary file, then rename), so the oth
 stay as they were measured. A section that is not there yet is appended. Every section ends with the
 date and the machine it was measured on (:func:`stamp`), so figures from different machines are never
 mistaken for one another. ``BENCHMARKS_PAGE=/tmp/page.md`` (or ``python -m benchmarks --page``) writes
-to another page, e.g. for a trial run that must not touch the recorded figures.
+to another page, e.g. for a trial run that must not touch the recorded figures. The benchmarks' shared
+command line (:func:`parser`, :func:`command`, :func:`record`) and recipe runs (:func:`run_recipe`) live here too.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -20,7 +24,8 @@ from pathlib import Path
 
 from composer_replication.atomic import atomic_write_text
 
-BENCHMARKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS_PAGE = REPO / "docs" / "benchmarks.md"
 
 
 def machine() -> str:
@@ -82,3 +87,38 @@ def write_section(name: str, markdown: str, page: Path | None = None) -> Path:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     atomic_write_text(page, text)
     return page
+
+
+def parser(doc: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's parser: described by ``doc``'s first paragraph, with ``--no-record`` (alias ``--no-write``)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    p.add_argument("--no-record", "--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    return p
+
+
+def command(module: str, argv: list[str] | None = None) -> str:
+    """The command line this run was started with: ``python -m benchmarks.<module> ARGS``."""
+    return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def record(args: argparse.Namespace, name: str, markdown: str) -> None:
+    """Write section ``name`` (:func:`write_section`) and say where, unless ``args.no_record``."""
+    if not args.no_record:
+        print(f"wrote {write_section(name, markdown)}")
+
+
+def metrics_rows(folder: Path) -> list[dict]:
+    """The complete rows of ``folder/metrics.jsonl`` so far (none when it is not there yet)."""
+    path = Path(folder) / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.exists() else []
+
+
+def run_recipe(folder: Path, *args: str, env: dict | None = None, timeout: float | None = None) -> list[dict]:
+    """``python -m recipes.monarch.run run.dir=<folder> ARGS`` in the repository root, output captured; its
+    metrics rows. Raises SystemExit with the output's tail when the run fails."""
+    proc = subprocess.run([sys.executable, "-m", "recipes.monarch.run", f"run.dir={folder}", *args], cwd=REPO,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"the run failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return metrics_rows(folder)

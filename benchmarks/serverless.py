@@ -1,27 +1,18 @@
 """Object-store allreduce vs gloo: throughput of one DiLoCo-style round, and the bytes each replica moves.
 
-Why: serverless DiLoCo (docs/diloco.md, "Serverless") sends the outer step's pseudo-gradients through an
-object store instead of a network allreduce. This measures what that costs on the same tensors: N
-replica processes average one float32 tensor per round through ``file://`` (local disk), through
-``s3://`` (a moto S3 server on 127.0.0.1, so HTTP but no WAN), and through ``torch.distributed`` gloo
-over loopback TCP. Each replica also counts the bytes it writes to and reads from the store per round.
+Serverless DiLoCo (docs/diloco.md) sends the outer step's pseudo-gradients through an object store. N
+replica processes average one float32 tensor per round through ``file://``, through ``s3://`` (a moto
+server on 127.0.0.1: HTTP, no WAN) and through gloo over loopback TCP, each counting the bytes it writes
+and reads. Throughput: tensor bytes / seconds per round (median, after one warm-up round); store poll
+interval ``--poll-interval-s`` (0.01 s; the library's 1 s default adds up to a second per round).
 
-Throughput is the algorithm bandwidth: tensor bytes / seconds per round (median over rounds, after one
-warm-up round). The store's poll interval is ``--poll-interval-s`` (0.01 s here; the library's default
-of 1 s adds up to a second per round, which DiLoCo's rounds of minutes do not notice).
-
-Launch::
-
-    python -m benchmarks.serverless                       # 2 replicas; 1, 8, 32 MB; writes docs/benchmarks.md
-    python -m benchmarks.serverless --sizes-mb 4 --rounds 3 --no-write
+    python -m benchmarks.serverless                       # 2 replicas; 1, 8, 32 MB
+    python -m benchmarks.serverless --sizes-mb 4 --rounds 3 --no-record
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -29,69 +20,51 @@ import uuid
 
 import torch
 
-from benchmarks.report import write_section
-
-# ---------------------------------------------------------------------------- workers
+from benchmarks.report import command, parser, record
 
 
-def _store_worker(
-    rank: int, world: int, uri: str, options: dict, numel: int, rounds: int, poll: float, out
-) -> None:
-    from composer_replication.diloco.serverless import ObjectStoreAllReduce
-
-    torch.set_num_threads(1)
-    ar = ObjectStoreAllReduce(
-        uri,
-        rank,
-        world,
-        run_id="bench",
-        timeout_s=300,
-        poll_interval_s=poll,
-        storage_options=options,
-        keep_objects=True,
-    )
-    t = torch.full((numel,), float(rank))
-    times = []
-    for k in range(rounds + 1):
-        w0, r0 = ar.bytes_written, ar.bytes_read
-        t0 = time.perf_counter()
-        ar.allreduce(t, name=f"round{k}")
-        times.append(time.perf_counter() - t0)
-        written, read = ar.bytes_written - w0, ar.bytes_read - r0
-    assert t[0].item() == (world - 1) / 2, "allreduce result is wrong"
-    out.put({"rank": rank, "times": times[1:], "written": written, "read": read})
-
-
-def _gloo_worker(rank: int, world: int, init: str, numel: int, rounds: int, out) -> None:
+def _worker(rank: int, world: int, uri: str, options: dict | None, numel: int, rounds: int, poll: float, out) -> None:
+    """One replica: ``rounds`` + 1 averages of a float32 ``[numel]`` tensor through the object store at ``uri``, or
+    (``options`` None) through gloo initialised at ``uri``; puts its round times (warm-up dropped) and the bytes
+    it wrote and read in the last round."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    t = torch.full((numel,), float(rank))
+    t, ar = torch.full((numel,), float(rank)), None
+    if options is None:
+        dist.init_process_group("gloo", init_method=uri, rank=rank, world_size=world)
+    else:
+        from composer_replication.diloco.serverless import ObjectStoreAllReduce
+
+        ar = ObjectStoreAllReduce(uri, rank, world, run_id="bench", timeout_s=300, poll_interval_s=poll,
+                                  storage_options=options, keep_objects=True)
     times = []
-    for _ in range(rounds + 1):
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        t /= world
+    for k in range(rounds + 1):
+        before, t0 = (ar.bytes_written, ar.bytes_read) if ar else (0, 0), time.perf_counter()
+        if ar is None:
+            dist.all_reduce(t)
+            t /= world
+        else:
+            ar.allreduce(t, name=f"round{k}")
         times.append(time.perf_counter() - t0)
-    assert abs(t[0].item() - (world - 1) / 2) < 1e-6
-    dist.destroy_process_group()
-    out.put({"rank": rank, "times": times[1:], "written": 0, "read": 0})
+    assert abs(t[0].item() - (world - 1) / 2) < 1e-6, "allreduce result is wrong"
+    if ar is None:
+        dist.destroy_process_group()
+    written, read = (ar.bytes_written - before[0], ar.bytes_read - before[1]) if ar else (0, 0)
+    out.put({"rank": rank, "times": times[1:], "written": written, "read": read})
 
 
-def _run(target, args: tuple, world: int) -> list[dict]:
+def _run(args: tuple, world: int) -> list[dict]:
+    """Every rank's :func:`_worker` with ``args`` in its own (spawned) process; their results by rank."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, world, *args, out)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
     results = [out.get(timeout=900) for _ in procs]
     for p in procs:
         p.join(60)
     return sorted(results, key=lambda r: r["rank"])
-
-
-# ---------------------------------------------------------------------------- driver
 
 
 def _moto() -> tuple[object, dict]:
@@ -102,18 +75,9 @@ def _moto() -> tuple[object, dict]:
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    ).create_bucket(Bucket="bench")
-    return server, {
-        "key": "bench",
-        "secret": "bench",
-        "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"},
-    }
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bench",
+                 aws_secret_access_key="bench").create_bucket(Bucket="bench")
+    return server, {"key": "bench", "secret": "bench", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
 
 
 def measure(sizes_mb: list[float], world: int, rounds: int, poll: float) -> list[dict]:
@@ -127,51 +91,25 @@ def measure(sizes_mb: list[float], world: int, rounds: int, poll: float) -> list
         with tempfile.TemporaryDirectory() as tmp:
             for mb in sizes_mb:
                 numel = int(mb * 2**20) // 4
-                runs = {
-                    "gloo (loopback TCP)": _run(
-                        _gloo_worker, (f"file://{tmp}/gloo-{uuid.uuid4().hex}", numel, rounds), world
-                    ),
-                    "object store, file://": _run(
-                        _store_worker,
-                        (f"file://{tmp}/store-{uuid.uuid4().hex}", {}, numel, rounds, poll),
-                        world,
-                    ),
-                    "object store, s3:// (moto)": _run(
-                        _store_worker,
-                        (f"s3://bench/{uuid.uuid4().hex}", s3_options, numel, rounds, poll),
-                        world,
-                    ),
-                }
-                for name, res in runs.items():
+                runs = {"gloo (loopback TCP)": (f"file://{tmp}/gloo-{uuid.uuid4().hex}", None),
+                        "object store, file://": (f"file://{tmp}/store-{uuid.uuid4().hex}", {}),
+                        "object store, s3:// (moto)": (f"s3://bench/{uuid.uuid4().hex}", s3_options)}
+                for name, (uri, options) in runs.items():
+                    res = _run((uri, options, numel, rounds, poll), world)
                     sec = statistics.median(max(r["times"][k] for r in res) for k in range(rounds))
-                    rows.append(
-                        {
-                            "transport": name,
-                            "mb": mb,
-                            "seconds": sec,
-                            "mb_per_s": mb / sec,
-                            "written": res[0]["written"],
-                            "read": res[0]["read"],
-                        }
-                    )
-                    print(
-                        f"{name:28s} {mb:6.1f} MB  {sec * 1e3:9.1f} ms/round  {mb / sec:8.1f} MB/s",
-                        flush=True,
-                    )
+                    rows.append({"transport": name, "mb": mb, "seconds": sec, "mb_per_s": mb / sec,
+                                 "written": res[0]["written"], "read": res[0]["read"]})
+                    print(f"{name:28s} {mb:6.1f} MB  {sec * 1e3:9.1f} ms/round  {mb / sec:8.1f} MB/s", flush=True)
     finally:
         server.stop()
     return rows
 
 
 def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str) -> str:
+    """The serverless section of docs/benchmarks.md: one row per (transport, size), then what it means."""
     gloo = {r["mb"]: r["seconds"] for r in rows if r["transport"].startswith("gloo")}
     lines = [
-        "# Serverless DiLoCo: object-store allreduce vs gloo",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, shared "
-        f"with other jobs at the time of the run (1-minute load average at the end: {os.getloadavg()[0]:.1f}). "
+        "# Serverless DiLoCo: object-store allreduce vs gloo", "", f"Command: `{cmd}`", "",
         f"{world} replica processes, one float32 tensor per round, median of {rounds} rounds after a warm-up "
         f"(a round ends when the slowest replica has the mean); store poll interval {poll} s; s3:// is a moto "
         "server on 127.0.0.1 (HTTP, no WAN: a real bucket adds its own latency and bandwidth limits).",
@@ -181,16 +119,10 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        moved = (
-            "network, no store"
-            if r["transport"].startswith("gloo")
-            else f"{r['written'] / 2**20:.2f} MB | {r['read'] / 2**20:.2f} MB"
-        )
-        moved = moved if "|" in moved else f"{moved} | {moved}"
-        lines.append(
-            f"| {r['transport']} | {r['mb']:g} | {r['seconds'] * 1e3:.1f} | {r['mb_per_s']:.1f} | "
-            f"{r['seconds'] / gloo[r['mb']]:.1f} | {moved} |"
-        )
+        moved = ("network, no store | network, no store" if r["transport"].startswith("gloo")
+                 else f"{r['written'] / 2**20:.2f} MB | {r['read'] / 2**20:.2f} MB")
+        lines.append(f"| {r['transport']} | {r['mb']:g} | {r['seconds'] * 1e3:.1f} | {r['mb_per_s']:.1f} | "
+                     f"{r['seconds'] / gloo[r['mb']]:.1f} | {moved} |")
     lines += [
         "",
         "Per round each replica uploads its tensor once (plus a header of a few hundred bytes and a "
@@ -201,30 +133,24 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
     ]
     biggest = max(r["mb"] for r in rows)
     model_mb = 135e6 * 4 / 2**20  # SmolLM2-135M's pseudo-gradient in float32
-    for r in rows:
-        if r["mb"] == biggest and not r["transport"].startswith("gloo"):
-            lines.append(
-                f"- At the {biggest:g} MB rate, {r['transport']} would move a 135M-parameter float32 "
-                f"pseudo-gradient ({model_mb:.0f} MB) in about {model_mb / r['mb_per_s']:.0f} s per round "
-                f"(gloo: {model_mb / next(g['mb_per_s'] for g in rows if g['mb'] == biggest and g['transport'].startswith('gloo')):.1f} s)."
-            )
+    gloo_s = model_mb / (biggest / gloo[biggest])
+    lines += [f"- At the {biggest:g} MB rate, {r['transport']} would move a 135M-parameter float32 pseudo-gradient "
+              f"({model_mb:.0f} MB) in about {model_mb / r['mb_per_s']:.0f} s per round (gloo: {gloo_s:.1f} s)."
+              for r in rows if r["mb"] == biggest and not r["transport"].startswith("gloo")]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 8.0, 32.0], help="tensor sizes in MB")
     p.add_argument("--replicas", type=int, default=2, help="replica processes")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per size (after one warm-up)")
     p.add_argument("--poll-interval-s", type=float, default=0.01, help="store poll interval")
-    p.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)
     rows = measure(args.sizes_mb, args.replicas, args.rounds, args.poll_interval_s)
-    cmd = "python -m benchmarks.serverless" + (" " + " ".join(argv) if argv else "")
-    md = to_markdown(rows, args.replicas, args.rounds, args.poll_interval_s, cmd)
+    md = to_markdown(rows, args.replicas, args.rounds, args.poll_interval_s, command("serverless", argv))
     print(md)
-    if not args.no_write:
-        print(f"wrote {write_section('serverless', md)}")
+    record(args, "serverless", md)
 
 
 if __name__ == "__main__":

@@ -3,43 +3,25 @@
     python -m benchmarks.step_profile                       # preset single_node, 4 steps
     python -m benchmarks.step_profile --steps 6 student.rollout.prompts_per_step=1
 
-Part 1 runs the preset (``python -m recipes.monarch.run``, evaluation off) and takes the median of every
-``perf/<phase>_s`` metric the engine writes per step (generation, scoring, hint rows and
-channel-1 tensors, reference log-probs, loss forward, loss backward, optimizer), after the first step.
-Part 2 rebuilds one step's batch in this process from the run's own states and ``pairs.jsonl`` and times
-the loss forward + backward of each channel alone (channel 1; channel 1 + 2 minus channel 1; channel 1 + 3
-minus channel 1), with the tokens each channel puts through the model. Writes its section of
-docs/benchmarks.md (``--no-record`` to skip).
+Part 1 runs the preset (evaluation off) and takes the median, after the first step, of every
+``perf/<phase>_s`` metric the engine writes (generation, scoring, hint rows and channel-1 tensors, reference
+log-probs, loss forward, loss backward, optimizer). Part 2 rebuilds step 0's batch here from the run's states
+and ``pairs.jsonl`` and times each channel's loss forward + backward alone (channel 1; 1 + 2 minus 1;
+1 + 3 minus 1), with the tokens each puts through the model.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.report import write_section
+from benchmarks.report import command, parser, record, run_recipe
 
-REPO = Path(__file__).resolve().parents[1]
 PHASES = ("generate", "score", "assemble", "reference", "loss_forward", "loss_backward", "optimizer")
-
-
-def run_recipe(preset: str, steps: int, folder: Path, overrides: list[str]) -> list[dict]:
-    """The preset's run for ``steps`` steps; its step rows."""
-    args = [sys.executable, "-m", "recipes.monarch.run", "--config", preset, f"run.dir={folder}",
-            "run.display=plain", "run.evaluate=false", f"student.num_steps={steps}", *overrides]
-    proc = subprocess.run(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"the run failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if "loss/total" in r]
 
 
 def channel_times(folder: Path, repeats: int = 2) -> list[tuple[str, float, int]]:
@@ -87,34 +69,31 @@ def channel_times(folder: Path, repeats: int = 2) -> list[tuple[str, float, int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, prog="python -m benchmarks.step_profile")
     p.add_argument("--preset", default="single_node", help="recipe preset")
     p.add_argument("--steps", type=int, default=4, help="steps to run (the first is not counted)")
-    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the preset")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = run_recipe(args.preset, args.steps, Path(tmp) / "run", args.overrides)
+        rows = run_recipe(Path(tmp) / "run", "--config", args.preset, "run.display=plain", "run.evaluate=false",
+                          f"student.num_steps={args.steps}", *args.overrides)
+        rows = [r for r in rows if "loss/total" in r]
         counted = rows[1:] or rows
         phases = {ph: statistics.median(r.get(f"perf/{ph}_s", 0.0) for r in counted) for ph in PHASES}
         step = statistics.median(r["perf/step_time_s"] for r in counted)
         tokens = statistics.median(r["perf/tokens"] for r in counted)
         channels = channel_times(Path(tmp) / "run")
-    lines = [f"{ph:<14} {s:7.2f} s  {100 * s / step:5.1f} %" for ph, s in phases.items()]
-    print(f"median step {step:.2f} s over {len(counted)} steps, {tokens:.0f} tokens\n" + "\n".join(lines))
-    print("\n".join(f"channel {c:<32} {s:6.2f} s  {n} tokens" for c, s, n in channels))
-    if not args.no_record:
-        cmd = " ".join(["python -m benchmarks.step_profile", *(sys.argv[1:] if argv is None else argv)])
-        write_section("step_profile", "\n".join([
-            "# Step profile of the default run", "",
-            f"Command: `{cmd}`. Median over {len(counted)} steps (the first not counted): **{step:.2f} s per step**, "
-            f"{tokens:.0f} tokens through the model (torch {torch.__version__}, {torch.get_num_threads()} threads).", "",
-            "| phase | seconds | share of the step |", "|---|---|---|",
-            *(f"| {ph} | {s:.2f} | {100 * s / step:.1f} % |" for ph, s in phases.items()), "",
-            "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
-            "| channel | seconds | tokens |", "|---|---|---|",
-            *(f"| {c} | {s:.2f} | {n} |" for c, s, n in channels),
-        ]))
+    md = "\n".join([
+        "# Step profile of the default run", "",
+        f"Command: `{command('step_profile', argv)}`. Median over {len(counted)} steps (the first not counted): "
+        f"**{step:.2f} s per step**, {tokens:.0f} tokens through the model (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads).", "", "| phase | seconds | share of the step |", "|---|---|---|",
+        *(f"| {ph} | {s:.2f} | {100 * s / step:.1f} % |" for ph, s in phases.items()), "",
+        "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
+        "| channel | seconds | tokens |", "|---|---|---|", *(f"| {c} | {s:.2f} | {n} |" for c, s, n in channels),
+    ])
+    print(md)
+    record(args, "step_profile", md)
     return 0
 
 

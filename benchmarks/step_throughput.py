@@ -1,29 +1,21 @@
 """Step throughput: the engine's GRPO step against TRL's ``GRPOTrainer``, side by side in one run.
 
-Both train the same model (the embedded SmolLM2-135M by default) on the same prompts (the bundled
-sessions' trace states), with the same ``num_generations``, ``max_new_tokens``, temperature, loss type
-(``dapo``), batch (``prompts x G`` samples per optimizer step), no KL term, and one optimizer step per
-generation batch; both score with the same next-action reward. Only channel 1 runs (channels 2 and 3
-are TRL extensions). The figure is samples per second (generated completions per wall-clock second of a
-whole step, generation included), after one warm-up step each. The CPU seconds of this process per step
-(all threads) are given too: on a machine shared with other jobs they move far less than the wall clock.
+Same model (SmolLM2-135M by default), prompts (the bundled sessions' states), ``num_generations``,
+``max_new_tokens``, temperature, loss (``dapo``), batch (``prompts x G``), no KL, one optimizer step per
+generation batch, the same next-action reward; channel 1 only (2 and 3 are TRL extensions). Figure: samples
+per wall-clock second of a whole step (generation included) after one warm-up step, with this process's CPU
+seconds per step beside it (steadier on a shared machine). ``--ablate`` also times the engine without
+shared-prefix generation (``rollout.generate.shared_prefix_cache``) and without the loss's shared-prefix
+decoding (``LossConfig.share_prefix=False``).
 
     python -m benchmarks.step_throughput                      # SmolLM2, 2 prompts x 4, 32 tokens, 3 steps
-    python -m benchmarks.step_throughput --model tiny --steps 2
-    python -m benchmarks.step_throughput --ablate             # + the engine without its shared-prefix speed-ups
-    python -m benchmarks.step_throughput --threads 1          # on a machine shared with other jobs
-
-``--ablate`` also times the engine with shared-prefix generation off (``rollout.generate.shared_prefix_cache``)
-and with the loss's shared-prefix decoding off (``LossConfig.share_prefix=False``), in the same run.
-
-Writes its section of docs/benchmarks.md (``--no-write`` to skip).
+    python -m benchmarks.step_throughput --model tiny --steps 2 --no-record
+    python -m benchmarks.step_throughput --ablate --threads 1  # threads 1 on a machine shared with other jobs
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -31,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.report import write_section
+from benchmarks.report import command, parser, record
 
 
 def _states(n: int) -> list[dict[str, Any]]:
@@ -101,18 +93,14 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
     def reward(completions, prompt_id, **_: Any) -> list[float]:
         return [env.score(prompts[pid], c[0]["content"]).reward for c, pid in zip(completions, prompt_id)]
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.marks: list[tuple[float, float]] = []
-
+    class Clock(TrainerCallback):  # marks: (wall, CPU) at each step's begin and end
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.marks.append(_clock())
+            marks.append(_clock())
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.marks.append(_clock())
+        on_step_end = on_step_begin
 
     model, tok = load_model_and_tokenizer(args.model, seed=0, dtype=torch.float32, device=torch.device("cpu"))
-    clock = Clock()
+    clock, marks = Clock(), []
     with tempfile.TemporaryDirectory() as out:
         trl_args = GRPOConfig(
             output_dir=out, use_vllm=False, use_cpu=True, bf16=False, gradient_checkpointing=False,
@@ -124,12 +112,12 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
         trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=trl_args,
                               train_dataset=Dataset.from_list(rows), callbacks=[clock])
         trainer.train()
-    spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clock.marks[0::2], clock.marks[1::2])]
+    spans = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks[0::2], marks[1::2])]
     return spans[1:]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.step_throughput", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, prog="python -m benchmarks.step_throughput")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default) or tiny")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--generations", type=int, default=4, help="samples per prompt (G)")
@@ -140,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default); 1 on a machine shared with other jobs, where threads "
                         "that wait for each other's core make both sides' times meaningless")
-    p.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -155,28 +142,23 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {k: statistics.median(c for _, c in v) for k, v in sides.items()}
     (e, t), ratio = list(sides)[:2], wall[list(sides)[1]] / wall[list(sides)[0]]
     rows = "".join(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {samples / wall[k]:.3f} |\n" for k in sides)
-    for k in sides:
-        print(f"{k}: {samples / wall[k]:.3f} samples/s (median {wall[k]:.2f} s/step, {cpu[k]:.2f} CPU s/step)")
-    print(f"ratio engine / TRL: {ratio:.2f}x wall clock, {cpu[t] / cpu[e]:.2f}x CPU time (target >= 1.5x)")
-    if not args.no_write:
-        write_section("step_throughput", f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
+    md = f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
 
-`python -m benchmarks.step_throughput` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU
-cores, torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x {args.generations} samples,
-{args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
+`{command('step_throughput', argv)}` (torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x
+{args.generations} samples, {args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
 {args.steps} steps after one warm-up, generation included; {torch.get_num_threads()} torch thread(s).
 
 | trainer | s / step | CPU s / step | samples / s |
 |---|---|---|---|
 {rows}
-**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). Where the difference comes from: the
+**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). The
 engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
-docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (KV cache;
-the engine prefills the shared prompt tokens once into a static cache, `rollout.generate`) and skip the
-old-log-prob pass (one optimizer step per generation batch). The sides run one after the other: on a machine
-shared with other jobs (the load average below) the wall clock of each side depends on the load while it ran,
-and the CPU time is the fairer comparison.
-""")
+docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (the engine
+prefills the shared prompt once into a static cache) and skip the old-log-prob pass. The sides run one after
+the other, so on a shared machine (the load average below) the CPU time is the fairer comparison.
+"""
+    print(md)
+    record(args, "step_throughput", md)
     return 0
 
 
