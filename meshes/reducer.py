@@ -1,9 +1,8 @@
 """The ``Reducer`` actor: averages tensors and metrics across trainer replicas.
 
-The averaging itself is two plain functions (:func:`mean_tensors`, :func:`mean_metrics`), unit-tested
-without Monarch; the actor wraps them. Every step's and every evaluation's per-replica metrics are folded here
-(``aggregate_metrics``), DiLoCo's sync keys included; DiLoCo's pseudo-gradients are averaged by torchft's allreduce
-between the replicas themselves (a ring, no hop through this actor).
+Two plain functions (:func:`mean_tensors`, :func:`mean_metrics`, unit-tested without Monarch) that the actor wraps.
+Every step's and evaluation's per-replica metrics are folded here, DiLoCo's sync keys included; DiLoCo's
+pseudo-gradients are averaged by torchft's allreduce between the replicas themselves (no hop through this actor).
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ from composer_replication.rollout.python_tasks import PythonTask, PythonTaskEnvi
 from composer_replication.rollout.sampling import RolloutBatch, sample_rollouts
 from composer_replication.rollout.sandbox import run_python_sandboxed
 
-__all__ = [
-    "Environment", "Prompt", "Score", "score_texts", "NextActionEnvironment", "PythonTask", "PythonTaskEnvironment",
-    "load_bundled_tasks", "run_python_sandboxed", "RolloutBatch", "sample_rollouts", "assemble_batch",
-    "rollout_stats",
-]
+__all__ = ["Environment", "Prompt", "Score", "score_texts", "NextActionEnvironment", "PythonTask",
+           "PythonTaskEnvironment", "load_bundled_tasks", "run_python_sandboxed", "RolloutBatch",
+           "sample_rollouts", "assemble_batch", "rollout_stats"]

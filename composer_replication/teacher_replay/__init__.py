@@ -13,8 +13,6 @@ from composer_replication.teacher_replay.replay import TeacherReplayer, replay_t
 from composer_replication.teacher_replay.teachers import DEFAULT_TEACHERS, RECORDED_TEACHER
 from composer_replication.types import DPOPair, TeacherCallResult, TeacherSpec, TraceState
 
-__all__ = [
-    "DEFAULT_TEACHERS", "RECORDED_TEACHER", "TeacherSpec", "TraceState", "TeacherCallResult", "DPOPair",
-    "replay_trace", "replay_trace_sync", "TeacherReplayer", "extract_dpo_pairs", "save_pairs", "load_pairs",
-    "PairCollector", "Budget", "Ledger",
-]  # fmt: skip
+__all__ = ["DEFAULT_TEACHERS", "RECORDED_TEACHER", "TeacherSpec", "TraceState", "TeacherCallResult",
+           "DPOPair", "replay_trace", "replay_trace_sync", "TeacherReplayer", "extract_dpo_pairs",
+           "save_pairs", "load_pairs", "PairCollector", "Budget", "Ledger"]  # fmt: skip

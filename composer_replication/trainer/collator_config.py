@@ -46,22 +46,33 @@ class TraceExample(TypedDict, total=False):
 class CollatorConfig:
     """Tunables for :class:`ComposerDataCollator` (the spec's fields plus padding and grouping)."""
 
-    max_seq_len: int = 4096  # student and teacher rows: history dropped from the left, responses kept whole
-    max_dpo_seq_len: int = 2048  # DPO chosen/rejected rows (see ``over_length``)
-    # over-length DPO rows (``batching``): ``truncate_left`` cuts the shared prompt from the left, ``skip``
-    # drops the pair; a response alone reaching the cap is always dropped (counted in ``stats.skipped_dpo``)
+    max_seq_len: int = 4096
+    """Cap for student and teacher rows; history is dropped from the left, responses kept whole."""
+    max_dpo_seq_len: int = 2048
+    """Cap for DPO chosen/rejected rows (see ``over_length``)."""
     over_length: str = "truncate_left"
-    pad_token_id: int | None = None  # None: the tokenizer's ``pad_token_id``, else its ``eos_token_id``
-    padding_side: str | None = None  # "left" / "right"; None: the tokenizer's ``padding_side``, else right
-    ignore_index: int = -100  # kept for the spec; the batch uses 0/1 masks (batch contract): never filled
-    enable_sdpo: bool = True  # channel-2 keys (also needs ``hint_generator`` and a hinted error site)
-    hint_generator: Callable[[str, dict], str | None] | None = None  # (error_kind, error_meta) -> hint | None
-    enable_replay_dpo: bool = True  # channel-3 keys (when the batch carries at least one ``dpo_pairs`` entry)
-    rlvr_reward_key: str = "final_reward"  # example key of the scalar reward (0.0 when absent)
-    group_key: str = "group_id"  # example key of a GRPO group; without it: grouped by identical prompt ids
-    # "all": every assistant turn is in ``response_mask``; "last": only the final one (for trace states, whose
-    # history turns recur in many states)
+    """Over-length policy of DPO rows (``composer_replication.batching``): ``truncate_left`` cuts the shared
+    prompt from the left; ``skip`` drops the pair; a response that alone reaches the cap is always dropped.
+    Drops are counted in ``stats.skipped_dpo``."""
+    pad_token_id: int | None = None
+    """Padding id; ``None`` takes the tokenizer's ``pad_token_id`` (else its ``eos_token_id``)."""
+    padding_side: str | None = None
+    """``"left"`` or ``"right"``; ``None`` takes the tokenizer's ``padding_side`` (else right)."""
+    ignore_index: int = -100
+    """Kept for the spec; the batch uses 0/1 masks (batch contract), so nothing is filled with it."""
+    enable_sdpo: bool = True
+    """Emit channel-2 keys (also needs ``hint_generator`` and at least one hinted error site)."""
+    hint_generator: Callable[[str, dict], str | None] | None = None
+    """``(error_kind, error_meta) -> hint | None``, e.g. ``hint_generator.make_hint_generator()``."""
+    enable_replay_dpo: bool = True
+    """Emit channel-3 keys (when the batch carries at least one ``dpo_pairs`` entry)."""
+    rlvr_reward_key: str = "final_reward"
+    """Example key holding the scalar reward (0.0 when the key is absent)."""
+    group_key: str = "group_id"
+    """Example key naming a GRPO group; examples without it are grouped by identical prompt ids."""
     response_turns: str = "all"
+    """``"all"``: every assistant turn is in ``response_mask``; ``"last"``: only the final one
+    (recommended for trace states, whose history turns recur in many states)."""
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:

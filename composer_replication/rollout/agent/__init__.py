@@ -7,12 +7,7 @@
 - ``python -m composer_replication.rollout.agent TASKS.jsonl --policy solution``: the task checker.
 """
 
-from composer_replication.rollout.agent.episode import (
-    Episode,
-    EpisodeConfig,
-    ToolResult,
-    run_task,
-)
+from composer_replication.rollout.agent.episode import Episode, EpisodeConfig, ToolResult, run_task
 from composer_replication.rollout.agent.tasks import Task, load_tasks, parse_task
 from composer_replication.rollout.agent.tools import TOOL_SCHEMAS, ToolConfig
 
