@@ -33,7 +33,7 @@ import torch
 from composer_replication.chat_format import build_prompt_ids, build_response_ids, end_of_turn_id
 from composer_replication.types import PreferencePair
 
-__all__ = ["OVER_LENGTH", "BatchingStats", "TokenizedPair", "HintedRow", "pad_id", "pad_rows", "fit_prompt",
+__all__ = ["BatchingStats", "TokenizedPair", "HintedRow", "pad_id", "pad_rows", "fit_prompt",
            "tokenize_pair", "preference_batch", "hinted_batch"]
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired
 
-__all__ = ["ERROR_KINDS", "TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair", "HintContext",
-           "ROLLOUT_REJECTED", "recorded_action", "trace_state"]
+__all__ = ["ERROR_KINDS", "TeacherSpec", "TraceState", "TeacherCallResult", "PreferencePair", "DPOPair",
+           "HintContext", "recorded_action", "trace_state"]
 
 ERROR_KINDS: tuple[str, ...] = (
     "tool_not_found", "json_decode", "type_error", "runtime_error", "repeated_failure", "other",

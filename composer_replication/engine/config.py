@@ -29,7 +29,7 @@ from composer_replication.losses.config import check_choice as _check_choice
 from composer_replication.losses.config import check_key as _check
 
 __all__ = ["OptimConfig", "LossConfig", "RolloutConfig", "StudentConfig", "resolve_device", "from_dict",
-           "to_dict", "apply_overrides", "yaml_error_text"]
+           "to_dict", "apply_overrides"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MAX_STR = 4096  # characters of any string value (a path's limit): a longer one is a typo or an attack

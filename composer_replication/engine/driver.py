@@ -24,7 +24,7 @@ from composer_replication.engine.config import StudentConfig, to_dict
 from composer_replication.engine.data import TrainingData
 from composer_replication.engine.run_dir import RunDir
 
-__all__ = ["Replicas", "DriveConfig", "drive", "run_plain", "CHANNEL_KEYS"]
+__all__ = ["Replicas", "DriveConfig", "drive", "run_plain"]
 
 log = logging.getLogger(__name__)
 
