@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.report import REPO, metrics_rows, parser, record, run_recipe
+from benchmarks.report import REPO, metrics_rows, parser, record, run_recipe, table
 
 # ---------------------------------------------------------------------------- 1. bytes on the wire
 
@@ -61,8 +61,7 @@ class _TinyLM:
 
     def train_step(self, step: int) -> dict[str, float]:
         self.optimizer.zero_grad()
-        loss = self.loss(step)
-        loss.backward()
+        (loss := self.loss(step)).backward()
         self.optimizer.step()
         self.step = step + 1
         return {"loss/total": float(loss.detach())}
@@ -71,19 +70,8 @@ class _TinyLM:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
 
     def load_state_dict(self, state) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.model.load_state_dict(state["model"]), self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
-
-
-def _count_allreduce(manager, counter: list[int]) -> None:
-    inner = manager.allreduce
-
-    def counted(tensor, *args, **kwargs):
-        counter.append(tensor.numel() * tensor.element_size())
-        return inner(tensor, *args, **kwargs)
-
-    manager.allreduce = counted
 
 
 def _run(mode: str, trainer: _TinyLM, replica, barrier: threading.Barrier, steps: int) -> None:
@@ -97,9 +85,7 @@ def _run(mode: str, trainer: _TinyLM, replica, barrier: threading.Barrier, steps
         trainer.optimizer.zero_grad()
         trainer.loss(s).backward()
         m.start_quorum()
-        works = [m.allreduce(p.grad) for p in trainer.model.parameters() if p.grad is not None]
-        for w in works:
-            w.wait()
+        [w.wait() for w in [m.allreduce(p.grad) for p in trainer.model.parameters() if p.grad is not None]]
         m.should_commit()
         trainer.optimizer.step()
 
@@ -116,18 +102,15 @@ def _train_pair(mode: str, sync_every: int, trainers: dict[int, _TinyLM], steps:
     reps = {i: DilocoReplica(t, cfg, replica_id=f"replica_{i}", lighthouse_addr=lighthouse.address)
             for i, t in trainers.items()}
     for i, rep in reps.items():
-        if counters is not None:
-            _count_allreduce(rep.manager, counters[i])
+        if counters is not None:  # count every tensor handed to Manager.allreduce
+            inner, seen = rep.manager.allreduce, counters[i]
+            rep.manager.allreduce = lambda t, *a, _f=inner, _c=seen, **k: (_c.append(t.numel() * t.element_size()),
+                                                                           _f(t, *a, **k))[1]
         if mode == "allreduce":
             rep.outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
     barrier = threading.Barrier(2)
     threads = [threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in reps]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for rep in reps.values():
-        rep.shutdown()
+    [th.start() for th in threads], [th.join() for th in threads], [rep.shutdown() for rep in reps.values()]
     lighthouse.shutdown()
 
 
@@ -268,14 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         print(slurm_line(slurm_row()))
         return 0
     lines = ["# DiLoCo on meshes (`python -m benchmarks.diloco`)", "",
-             "Two replicas of the tiny student on this machine (loopback gloo).", "",
-             "| sync_every | DiLoCo bytes / inner step | per-step allreduce bytes / step | ratio | 1/sync_every |",
-             "|---|---|---|---|---|"]
-    for h in (2, 8, 32):
-        b = bytes_per_step(h, args.steps)
-        lines.append(f"| {h} | {b['diloco'] / 1e6:.3f} MB | {b['allreduce'] / 1e6:.3f} MB | {b['ratio']:.4f} | "
-                     f"{1 / h:.4f} |")
-        print(lines[-1], flush=True)
+             "Two replicas of the tiny student on this machine (loopback gloo).", "", *table(
+                 ["sync_every", "DiLoCo bytes / inner step", "per-step allreduce bytes / step", "ratio", "1/sync_every"],
+                 [[h, f"{b['diloco'] / 1e6:.3f} MB", f"{b['allreduce'] / 1e6:.3f} MB", f"{b['ratio']:.4f}", f"{1 / h:.4f}"]
+                  for h, b in ((h, bytes_per_step(h, args.steps)) for h in (2, 8, 32))])]
+    print("\n".join(lines[4:]), flush=True)
     lm = lm_loss_comparison(args.lm_steps)
     lm_gap = (lm["two"] - lm["one"]) / lm["one"]
     lines += [

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import parser, record
+from benchmarks.report import parser, record, table
 from composer_replication.ingestion import ClaudeCodeIngester
 
 _WORDS = ("the test fails because value parser returns None when input is empty fix edge case module function "
@@ -135,10 +135,9 @@ def make_session(path: Path, mb: float, *, compact_every: int | None, seed: int 
 def _parse_lines(lines: list) -> int:
     """``json.loads`` of every non-empty line (bytes or str); the number of lines."""
     n = 0
-    for line in lines:
-        if line:
-            json.loads(line)
-            n += 1
+    for line in filter(None, lines):
+        json.loads(line)
+        n += 1
     return n
 
 
@@ -219,31 +218,13 @@ def to_markdown(rows: list[dict], cmd: str) -> str:
         "loops (bytes lines, or one decode then str lines).", "",
         "Target: ingester rate >= 0.5x the bare parse rate (`json.loads` of every line), with secret redaction on",
         "(the default: what users run). The rate without redaction (`redact=False`) is measured beside it.", "",
-        "| session | size (MB) | lines | turns -> states | messages / state | bare parse (MB/s) | ingester (MB/s) | ratio "
-        "| without redaction (MB/s) | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table(["session", "size (MB)", "lines", "turns -> states", "messages / state", "bare parse (MB/s)",
+                "ingester (MB/s)", "ratio", "without redaction (MB/s)", "ratio"],
+               [[r["file"], f"{r['mb']:.1f}", r["lines"], f"{r['turns']} -> {r['states']}", f"{r['avg_msgs']:.0f}",
+                 f"{r['parse_mb_s']:.1f}", f"{r['ingest_mb_s']:.1f}", f"**{r['ratio']:.2f}x**", f"{r['off_mb_s']:.1f}",
+                 f"{r['ratio_off']:.2f}x"] for r in rows], ["---"] + ["---:"] * 9),
     ]
-    out += [f"| {r['file']} | {r['mb']:.1f} | {r['lines']} | {r['turns']} -> {r['states']} | {r['avg_msgs']:.0f} | "
-            f"{r['parse_mb_s']:.1f} | {r['ingest_mb_s']:.1f} | **{r['ratio']:.2f}x** | {r['off_mb_s']:.1f} | "
-            f"{r['ratio_off']:.2f}x |" for r in rows]
-    out += [
-        "", "How to read the rows:", "",
-        "- **compaction every ~600 kB** is the realistic case (Claude Code compacts near its context limit, so",
-        "  histories stay bounded): the row the 0.5x target is about.",
-        "- **no compaction, max_history_tokens=32000**: one 50 MB context (impossible for a real session) with the",
-        "  training budget applied; the trimming window slides along each history (`HistoryWindow`), so every",
-        "  message is counted once, not once per state.",
-        "- **no compaction, whole histories (stress)**: every state carries the whole session so far. Each",
-        "  `TraceState` needs its own `messages` list, so the output grows with turns x history length; the history",
-        "  *building* stays incremental (one list slice per state, the message dicts shared).", "",
-        "Per line, beyond the parse, the ingester decodes with `raw_decode` on strictly decoded text (a tolerant",
-        "path for bad bytes / NUL / truncation), keeps only what histories and actions need, builds each record's",
-        "history from its parent's (appended in place while the chain does not fork), dumps each tool input once,",
-        "and pauses the cyclic GC while a file is indexed.", "",
-        "Redaction costs the gap between the two ratio columns: each text is scanned once per rule (22 rules: key",
-        "formats, names a secret is assigned to, PEM blocks), on the text's UTF-8 bytes, each scan opening at the",
-        "rarest character of the rule's literal (a text without it skips the rule at `memchr` speed).", "",
-    ]
+    out += ["", "How to read the rows, and what the ingester does per line: the prose after this section."]
     return "\n".join(out)
 
 

@@ -6,7 +6,7 @@ stay as they were measured. A section that is not there yet is appended. Every s
 date and the machine it was measured on (:func:`stamp`), so figures from different machines are never
 mistaken for one another. ``BENCHMARKS_PAGE=/tmp/page.md`` (or ``python -m benchmarks --page``) writes
 to another page, e.g. for a trial run that must not touch the recorded figures. The benchmarks' shared
-command line (:func:`parser`, :func:`command`, :func:`record`) and recipe runs (:func:`run_recipe`) live here too.
+command line (:func:`parser`, :func:`command`, :func:`record`), markdown tables (:func:`table`) and recipe runs (:func:`run_recipe`) live here too.
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ def record(args: argparse.Namespace, name: str, markdown: str) -> None:
     """Write section ``name`` (:func:`write_section`) and say where, unless ``args.no_record``."""
     if not args.no_record:
         print(f"wrote {write_section(name, markdown)}")
+
+
+def table(header: list[str], rows, rule: str | list[str] = "---") -> list[str]:
+    """A markdown table's lines: ``header``, the rule row (``rule`` for every column, or one per column), ``rows``."""
+    rules = [rule] * len(header) if isinstance(rule, str) else rule
+    return [f"| {' | '.join(header)} |", f"|{'|'.join(rules)}|", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
 def metrics_rows(folder: Path) -> list[dict]:

@@ -20,7 +20,7 @@ import uuid
 
 import torch
 
-from benchmarks.report import command, parser, record
+from benchmarks.report import command, parser, record, table
 
 
 def _worker(rank: int, world: int, uri: str, options: dict | None, numel: int, rounds: int, poll: float, out) -> None:
@@ -113,16 +113,14 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
         f"{world} replica processes, one float32 tensor per round, median of {rounds} rounds after a warm-up "
         f"(a round ends when the slowest replica has the mean); store poll interval {poll} s; s3:// is a moto "
         "server on 127.0.0.1 (HTTP, no WAN: a real bucket adds its own latency and bandwidth limits).",
-        "",
-        "| transport | tensor MB | ms / round | MB/s (tensor / time) | x gloo time | written / replica / round "
-        "| read / replica / round |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "", *table(["transport", "tensor MB", "ms / round", "MB/s (tensor / time)", "x gloo time",
+                    "written / replica / round", "read / replica / round"],
+                   [[r["transport"], f"{r['mb']:g}", f"{r['seconds'] * 1e3:.1f}", f"{r['mb_per_s']:.1f}",
+                     f"{r['seconds'] / gloo[r['mb']]:.1f}",
+                     *(["network, no store"] * 2 if r["transport"].startswith("gloo")
+                       else [f"{r['written'] / 2**20:.2f} MB", f"{r['read'] / 2**20:.2f} MB"])] for r in rows],
+                   ["---"] + ["---:"] * 6),
     ]
-    for r in rows:
-        moved = ("network, no store | network, no store" if r["transport"].startswith("gloo")
-                 else f"{r['written'] / 2**20:.2f} MB | {r['read'] / 2**20:.2f} MB")
-        lines.append(f"| {r['transport']} | {r['mb']:g} | {r['seconds'] * 1e3:.1f} | {r['mb_per_s']:.1f} | "
-                     f"{r['seconds'] / gloo[r['mb']]:.1f} | {moved} |")
     lines += [
         "",
         "Per round each replica uploads its tensor once (plus a header of a few hundred bytes and a "

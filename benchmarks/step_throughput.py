@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.report import command, parser, record
+from benchmarks.report import command, parser, record, table
 
 
 def _states(n: int) -> list[dict[str, Any]]:
@@ -94,10 +94,7 @@ def trl_side(args: argparse.Namespace, states: list[dict[str, Any]]) -> list[tup
         return [env.score(prompts[pid], c[0]["content"]).reward for c, pid in zip(completions, prompt_id)]
 
     class Clock(TrainerCallback):  # marks: (wall, CPU) at each step's begin and end
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            marks.append(_clock())
-
-        on_step_end = on_step_begin
+        on_step_begin = on_step_end = lambda *a, **k: marks.append(_clock())  # noqa: E731
 
     model, tok = load_model_and_tokenizer(args.model, seed=0, dtype=torch.float32, device=torch.device("cpu"))
     clock, marks = Clock(), []
@@ -141,16 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     wall = {k: statistics.median(w for w, _ in v) for k, v in sides.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in sides.items()}
     (e, t), ratio = list(sides)[:2], wall[list(sides)[1]] / wall[list(sides)[0]]
-    rows = "".join(f"| {k} | {wall[k]:.2f} | {cpu[k]:.2f} | {samples / wall[k]:.3f} |\n" for k in sides)
+    rows = "\n".join(table(["trainer", "s / step", "CPU s / step", "samples / s"],
+                           [[k, f"{wall[k]:.2f}", f"{cpu[k]:.2f}", f"{samples / wall[k]:.3f}"] for k in sides]))
     md = f"""# Step throughput: engine GRPO step vs TRL `GRPOTrainer`
 
 `{command('step_throughput', argv)}` (torch {torch.__version__}). Model `{args.model}`, {args.prompts} prompts x
 {args.generations} samples, {args.max_new_tokens} new tokens, temperature {args.temperature}, `dapo`, no KL, channel 1 only; median of
 {args.steps} steps after one warm-up, generation included; {torch.get_num_threads()} torch thread(s).
 
-| trainer | s / step | CPU s / step | samples / s |
-|---|---|---|---|
 {rows}
+
 **Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). The
 engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
 docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (the engine
