@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.learning import draw, run_seed, seed_parser, verdict
-from benchmarks.report import REPO, command, metrics_rows, record
+from benchmarks.report import REPO, command, metrics_rows, record, table
 
 PICTURE = REPO / "docs" / "img" / "agentic.png"
 RULED = ("eval/solve_rate", "eval/mean_reward")
@@ -64,12 +64,9 @@ def _markdown(cmd: str, preset: str, results: list[dict], verdicts: dict, learne
     lines = ["# Agentic: held-out tasks solved by the student's own episodes", "",
              f"Command: `{cmd}` (preset `{preset}`). One greedy episode per held-out task (never trained on), in the "
              "sandbox, scored by the task's tests; start -> end of each run.", "",
-             "| seed | steps | " + " | ".join(k.removeprefix("eval/") for k in SHOWN) + " | s/step | turns/s |",
-             "|" + "---|" * (len(SHOWN) + 4)]
-    for seed, r in enumerate(results):
-        cells = [f"{r['eval_start'][k]:.3f} -> {r['eval_end'][k]:.3f}" for k in SHOWN]
-        lines.append(f"| {seed} | {r['steps']} | " + " | ".join(cells) + f" | {r['step_s']:.0f} | "
-                     f"{r['turns_per_s']:.2f} |")
+             *table(["seed", "steps", *(k.removeprefix("eval/") for k in SHOWN), "s/step", "turns/s"],
+                    [[seed, r["steps"], *(f"{r['eval_start'][k]:.3f} -> {r['eval_end'][k]:.3f}" for k in SHOWN),
+                      f"{r['step_s']:.0f}", f"{r['turns_per_s']:.2f}"] for seed, r in enumerate(results)])]
     lines += ["", "Mean gain over seeds (+- std): " + "; ".join(
         f"`{k.removeprefix('eval/')}` {m:+.3f} +- {s:.3f}{' (rises in every seed)' * ok}"
         for k, (m, s, ok) in verdicts.items()) + ".", "",

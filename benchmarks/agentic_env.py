@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import parser, record
+from benchmarks.report import parser, record, table
 from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, parse_task, run_task
 from composer_replication.rollout.agent.tools import Workspace
 from composer_replication.rollout.sandbox import os_sandbox_status
@@ -98,14 +98,13 @@ def to_markdown(tools: list, eps: list, cmd: str) -> str:
     lines = ["# Agentic episodes", "", f"`{cmd}`: tool-call latency on a 20-file workspace and episodes of a "
              "fixture task (Read, Edit, Bash running pytest, then the final test run). Median milliseconds; "
              "`off` is the same code path without bubblewrap, measured in alternation.", "",
-             "| tool call | sandbox (ms) | without OS sandbox (ms) | sandbox adds (ms) |", "|---|---|---|---|"]
-    for name, ms, off in tools:
-        lines.append(f"| {name} | {ms:.2f} | {'-' if off is None else f'{off:.2f}'} | "
-                     f"{'in-process' if off is None else f'{ms - off:+.1f}'} |")
+             *table(["tool call", "sandbox (ms)", "without OS sandbox (ms)", "sandbox adds (ms)"],
+                    [[name, f"{ms:.2f}", *(["-", "in-process"] if off is None else [f"{off:.2f}", f"{ms - off:+.1f}"])]
+                     for name, ms, off in tools])]
     adds = [ms - off for _, ms, off in tools if off is not None]
     lines += ["", f"The sandbox adds at most {max(adds):.0f} ms per call at the median (target: 50 ms).", "",
-              "| policy | episodes/s | turns/s | s per episode (median) |", "|---|---|---|---|"]
-    lines += [f"| {p} | {e:.2f} | {f'{t:.2f}' if t else '-'} | {s:.2f} |" for p, e, t, s in eps]
+              *table(["policy", "episodes/s", "turns/s", "s per episode (median)"],
+                     [[p, f"{e:.2f}", f"{t:.2f}" if t else "-", f"{s:.2f}"] for p, e, t, s in eps])]
     lines += ["", "An episode's cost is its test runs: `solution` runs pytest twice (its Bash call and the final "
               "run), `none` once (plus, once per task, the pristine baseline of the partial credit). Absolute "
               "figures were taken on a shared, loaded machine; the sandbox's cost is a difference measured side by "

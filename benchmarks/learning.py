@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import REPO, command, metrics_rows, parser, record, run_recipe
+from benchmarks.report import REPO, command, metrics_rows, parser, record, run_recipe, table
 
 PICTURE = REPO / "docs" / "img" / "learning.png"
 METRIC = "eval/agreement_partial"
@@ -114,13 +114,11 @@ def main(argv: list[str] | None = None) -> int:
 def _markdown(cmd: str, preset: str, results: list[dict], gains: list[float], mean: float, spread: float,
               learned: bool) -> str:
     """The learning section of docs/benchmarks.md: one row per seed, the mean gain, the rule and the picture."""
-    head = "| seed | steps | " + " | ".join(f"{m} start -> end" for m in SHOWN) + " | wall time |"
     lines = ["# Learning: held-out agreement with the recorded actions", "",
              f"Command: `{cmd}` (preset `{preset}`). Held-out sessions only (never trained on); greedy answers.", "",
-             head, "|" + "---|" * (len(SHOWN) + 3)]
-    for seed, res in enumerate(results):
-        cells = [f"{res['eval_start'][m]:.3f} -> {res['eval_end'][m]:.3f}" for m in SHOWN]
-        lines.append(f"| {seed} | {res['steps']} | " + " | ".join(cells) + f" | {res['bench_wall_s']:.0f} s |")
+             *table(["seed", "steps", *(f"{m} start -> end" for m in SHOWN), "wall time"],
+                    [[seed, res["steps"], *(f"{res['eval_start'][m]:.3f} -> {res['eval_end'][m]:.3f}" for m in SHOWN),
+                      f"{res['bench_wall_s']:.0f} s"] for seed, res in enumerate(results)])]
     lines += ["", f"Gain in `{METRIC}`: {', '.join(f'{g:+.3f}' for g in gains)}; mean {mean:+.3f} +- {spread:.3f} "
               f"(std over seeds): learning **{'shown' if learned else 'not shown'}** (rule: the agreement rises "
               "in every seed and the mean gain exceeds twice its standard deviation).", "",

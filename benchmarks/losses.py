@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from benchmarks.report import command, parser, record
+from benchmarks.report import command, parser, record, table
 
 
 def _model(device: str, layers: int) -> torch.nn.Module:
@@ -136,24 +136,17 @@ def _channels(result: dict) -> list[str]:
 
 def _table(naive: dict, rows: list[dict]) -> str:
     channels = _channels(naive)
-    lines = [
-        "| path | peak memory (MiB) | memory ratio | time (s) | time ratio | max abs loss diff | embed grad rel diff |",
-        "|---|---|---|---|---|---|---|",
-        f"| naive (full logits) | {naive['peak_bytes'] / 2**20:.0f} | 1.00 | {naive['seconds']:.1f} | 1.00 | 0 | 0 |",
-    ]
-    for r in rows:
-        diff = max(abs(r[k] - naive[k]) for k in channels)
-        gdiff = abs(r["grad_norm_embed"] - naive["grad_norm_embed"]) / naive["grad_norm_embed"]
-        lines.append(
-            f"| chunked, chunk_size={r['mode']} | {r['peak_bytes'] / 2**20:.0f} | "
-            f"{r['peak_bytes'] / naive['peak_bytes']:.2f} | {r['seconds']:.1f} | {r['seconds'] / naive['seconds']:.2f} | "
-            f"{diff:.1e} | {gdiff:.1e} |"
-        )
-    lines += ["", f"| path | {' | '.join(channels)} | embed grad norm | layer-0 q grad norm |",
-              "|---|" + "---|" * (len(channels) + 2)]
-    for r in [naive, *rows]:
-        vals = [r[k] for k in (*channels, "grad_norm_embed", "grad_norm_layer0_q")]
-        lines.append(f"| {r['mode']} | " + " | ".join(f"{v:.9g}" for v in vals) + " |")
+    lines = table(["path", "peak memory (MiB)", "memory ratio", "time (s)", "time ratio", "max abs loss diff",
+                   "embed grad rel diff"],
+                  [["naive (full logits)", f"{naive['peak_bytes'] / 2**20:.0f}", "1.00", f"{naive['seconds']:.1f}", "1.00",
+                    0, 0]] + [[f"chunked, chunk_size={r['mode']}", f"{r['peak_bytes'] / 2**20:.0f}",
+                               f"{r['peak_bytes'] / naive['peak_bytes']:.2f}", f"{r['seconds']:.1f}",
+                               f"{r['seconds'] / naive['seconds']:.2f}", f"{max(abs(r[k] - naive[k]) for k in channels):.1e}",
+                               f"{abs(r['grad_norm_embed'] - naive['grad_norm_embed']) / naive['grad_norm_embed']:.1e}"]
+                              for r in rows])
+    lines += ["", *table(["path", *channels, "embed grad norm", "layer-0 q grad norm"],
+                         [[r["mode"], *(f"{r[k]:.9g}" for k in (*channels, "grad_norm_embed", "grad_norm_layer0_q"))]
+                          for r in [naive, *rows]])]
     return "\n".join(lines)
 
 

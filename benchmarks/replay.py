@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.report import REPO, command, parser, record
+from benchmarks.report import REPO, command, parser, record, table
 from composer_replication.teacher_replay import replay_trace
 
 TARGET = 0.85
@@ -58,8 +58,7 @@ def run_once(base_url: str, n_states: int, n_teachers: int, concurrency: int, le
 
 def _calibrate() -> float:
     """CPU seconds of a fixed pure-Python loop (5M additions): how fast this core is right now."""
-    c0 = time.process_time()
-    total = 0
+    c0, total = time.process_time(), 0
     for i in range(5_000_000):
         total += i
     return time.process_time() - c0
@@ -77,7 +76,7 @@ def _measure(base_url: str, args: argparse.Namespace, plan: list[tuple[str, int,
                 wall, cpu, ok = run_once(base_url, args.states, args.teachers, conc, ledger)
                 if ok != calls:
                     raise RuntimeError(f"{calls - ok} calls failed during the benchmark")
-                walls, cpus = [*walls, wall], [*cpus, cpu]
+                walls.append(wall), cpus.append(cpu)
             ideal = calls * args.latency / conc
             rows.append((label, conc, ideal, min(walls), sum(walls) / len(walls), min(cpus) / calls * 1000))
     return rows
@@ -105,17 +104,18 @@ def main() -> None:
     header = (f"{args.states} states x {args.teachers} teachers = {args.states * args.teachers} calls, latency "
               f"{args.latency * 1000:.0f} ms, stock httpx {httpx.__version__} (httpcore); ideal wall = calls x "
               "latency / concurrency")
-    table = ["| run | concurrency | ideal wall s | best wall s | mean wall s | achieved / ideal rate "
-             "| client CPU ms/call | CPU-bound max / ideal |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    table += [f"| {label} | {conc} | {ideal:.1f} | {best:.1f} | {mean:.1f} | {ideal / best:.2f} | {cpu_ms:.2f} "
-              f"| {1000 / cpu_ms / (conc / args.latency):.2f} |" for label, conc, ideal, best, mean, cpu_ms in rows]
-    print(f"reference loop: {calib:.2f} s CPU\n{header}\n" + "\n".join(table))
+    lines = table(["run", "concurrency", "ideal wall s", "best wall s", "mean wall s", "achieved / ideal rate",
+                   "client CPU ms/call", "CPU-bound max / ideal"],
+                  [[label, conc, f"{ideal:.1f}", f"{best:.1f}", f"{mean:.1f}", f"{ideal / best:.2f}", f"{cpu_ms:.2f}",
+                    f"{1000 / cpu_ms / (conc / args.latency):.2f}"] for label, conc, ideal, best, mean, cpu_ms in rows],
+                  ["---"] + ["---:"] * 7)
+    print(f"reference loop: {calib:.2f} s CPU\n{header}\n" + "\n".join(lines))
     ok = all(ideal / best >= TARGET for _, _, ideal, best, _, _ in rows)
     print(f"target >= {TARGET:.2f} x ideal: {'met' if ok else 'NOT met'}")
-    record(args, "replay", _markdown(args, calib, header, table, ok))
+    record(args, "replay", _markdown(args, calib, header, lines, ok))
 
 
-def _markdown(args: argparse.Namespace, calib: float, header: str, table: list[str], ok: bool) -> str:
+def _markdown(args: argparse.Namespace, calib: float, header: str, lines: list[str], ok: bool) -> str:
     """The replay section of docs/benchmarks.md: the conditions, the table and the target."""
     md = [
         "# Teacher replay throughput", "", f"Command: `{command('replay')}`", "",
@@ -127,7 +127,7 @@ def _markdown(args: argparse.Namespace, calib: float, header: str, table: list[s
         "concurrency; an achieved rate far below it means the process did not get a free core. The ideal ignores "
         "one deliberate latency (each teacher's first call runs alone until its bill is known). Stock httpx's CPU "
         "per call grows with the pooled connections (httpcore scans its pool on every request and release).", "",
-        header, "", *table, "",
+        header, "", *lines, "",
         f"Target: achieved rate >= {TARGET:.2f} x the ideal rate: **{'met' if ok else 'not met'}**.", "",
     ]
     return "\n".join(md)

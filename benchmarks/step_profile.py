@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import command, parser, record, run_recipe
+from benchmarks.report import command, parser, record, run_recipe, table
 
 PHASES = ("generate", "score", "assemble", "reference", "loss_forward", "loss_backward", "optimizer")
 
@@ -87,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         "# Step profile of the default run", "",
         f"Command: `{command('step_profile', argv)}`. Median over {len(counted)} steps (the first not counted): "
         f"**{step:.2f} s per step**, {tokens:.0f} tokens through the model (torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads).", "", "| phase | seconds | share of the step |", "|---|---|---|",
-        *(f"| {ph} | {s:.2f} | {100 * s / step:.1f} % |" for ph, s in phases.items()), "",
+        f"{torch.get_num_threads()} threads).", "",
+        *table(["phase", "seconds", "share of the step"], [[ph, f"{s:.2f}", f"{100 * s / step:.1f} %"]
+                                                          for ph, s in phases.items()]), "",
         "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
-        "| channel | seconds | tokens |", "|---|---|---|", *(f"| {c} | {s:.2f} | {n} |" for c, s, n in channels),
+        *table(["channel", "seconds", "tokens"], [[c, f"{s:.2f}", n] for c, s, n in channels]),
     ])
     print(md)
     record(args, "step_profile", md)
