@@ -37,12 +37,8 @@ def _code(rng: random.Random, n_lines: int) -> str:
 
 class _Writer:
     def __init__(self, rng: random.Random, compact_every: int | None) -> None:
-        self.rng, self.compact_every = rng, compact_every
-        self.lines: list[str] = []
-        self.size = 0
-        self.since_compact = 0
-        self.parent: str | None = None
-        self.n = 0
+        self.rng, self.compact_every, self.lines, self.parent = rng, compact_every, [], None
+        self.size = self.since_compact = self.n = 0
 
     def emit(self, rec: dict, *, chain: bool = True) -> None:
         self.n += 1
@@ -52,10 +48,8 @@ class _Writer:
         if chain:
             base["uuid"] = f"{self.n:08x}-0000-4000-8000-{self.n:012x}"
         base.update(rec)
-        line = json.dumps(base, ensure_ascii=False)
-        self.lines.append(line)
-        self.size += len(line) + 1
-        self.since_compact += len(line) + 1
+        self.lines.append(line := json.dumps(base, ensure_ascii=False))
+        self.size, self.since_compact = self.size + len(line) + 1, self.since_compact + len(line) + 1
         if chain:
             self.parent = base["uuid"]
 

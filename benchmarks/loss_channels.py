@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from benchmarks.losses import _batch, _model
+from benchmarks.losses import _batch, _model, batch_args
 
 CHANNELS = ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "total")
 VARIANTS = [(v, w) for v in ("dpo", "simpo") for w in ("none", "taid", "entropy_opd")]
@@ -54,13 +54,7 @@ def run(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=2, help="student rows B (also teacher rows and DPO pairs)")
-    p.add_argument("--seq", type=int, default=256, help="sequence length T")
-    p.add_argument("--response-frac", type=float, default=0.5, help="fraction of each sequence that is response")
-    p.add_argument("--hint", type=int, default=64, help="extra tokens in the teacher's hinted context")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers of the random SmolLM2-sized Llama")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p = batch_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), seq=256)
     p.add_argument("--chunk-sizes", nargs="+", default=["256", "naive"], help="chunk sizes ('naive' = full logits)")
     args = p.parse_args(argv)
     print("\n".join(run(args)))

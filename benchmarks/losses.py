@@ -150,14 +150,20 @@ def _table(naive: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
+def batch_args(p: argparse.ArgumentParser, seq: int) -> argparse.ArgumentParser:
+    """Add the batch and model flags of :func:`_batch` and :func:`_model` (shared with ``benchmarks.loss_channels``;
+    ``seq``: the default T) to ``p``."""
     p.add_argument("--batch", type=int, default=2, help="student rows B (also teacher rows and DPO pairs)")
-    p.add_argument("--seq", type=int, default=1024, help="sequence length T")
+    p.add_argument("--seq", type=int, default=seq, help="sequence length T")
     p.add_argument("--response-frac", type=float, default=0.5, help="fraction of each sequence that is response")
     p.add_argument("--hint", type=int, default=64, help="extra tokens in the teacher's hinted context")
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the random SmolLM2-sized Llama")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (per worker)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = batch_args(parser(__doc__), seq=1024)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[1024, 256], help="chunk sizes to compare")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -121,14 +121,8 @@ def to_markdown(rows: list[dict], world: int, rounds: int, poll: float, cmd: str
                        else [f"{r['written'] / 2**20:.2f} MB", f"{r['read'] / 2**20:.2f} MB"])] for r in rows],
                    ["---"] + ["---:"] * 6),
     ]
-    lines += [
-        "",
-        "Per round each replica uploads its tensor once (plus a header of a few hundred bytes and a "
-        f"decision object of about 100 bytes) and downloads the other {world - 1} replicas' tensors; a ring "
-        "allreduce sends and receives about 2(N-1)/N tensors per replica instead, so the store's download "
-        "traffic grows linearly with N. For DiLoCo this is paid once per outer round (every `sync_every` "
-        "inner steps, typically hundreds), not per step.",
-    ]
+    lines += ["", f"Per round each replica uploads its tensor once and downloads the other {world - 1} replicas' "
+              "(what that costs against a ring allreduce: the prose after this section)."]
     biggest = max(r["mb"] for r in rows)
     model_mb = 135e6 * 4 / 2**20  # SmolLM2-135M's pseudo-gradient in float32
     gloo_s = model_mb / (biggest / gloo[biggest])

@@ -148,11 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
 {rows}
 
-**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x). The
-engine's loss pass packs a group's samples into their prefix tree (the prompt decoded once, no padding;
-docs/losses.md) where TRL decodes the prompt once per sample; both generate with `model.generate` (the engine
-prefills the shared prompt once into a static cache) and skip the old-log-prob pass. The sides run one after
-the other, so on a shared machine (the load average below) the CPU time is the fairer comparison.
+**Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x); why: the
+prose after this section.
 """
     print(md)
     record(args, "step_throughput", md)
