@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.report import parser, record, table
+from benchmarks.report import parser, record, table, timed
 from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, parse_task, run_task
 from composer_replication.rollout.agent.tools import Workspace
 from composer_replication.rollout.sandbox import os_sandbox_status
@@ -54,9 +53,7 @@ SANDBOXED = {  # label -> (tool, input): the calls that run in the sandbox
 
 
 def _seconds(ws: Workspace, name: str, args: dict) -> float:
-    t = time.perf_counter()
-    ws.call(name, args)
-    return time.perf_counter() - t
+    return timed(ws.call, name, args)[0]
 
 
 def tool_latency(n: int) -> list[tuple[str, float, float | None]]:
@@ -84,9 +81,8 @@ def episodes(n: int) -> list[tuple[str, float, float, float]]:
         for policy in ("solution", "none"):
             times, turns = [], 0
             for _ in range(n):
-                t = time.perf_counter()
-                row = run_task(ep, task, policy=policy)
-                times.append(time.perf_counter() - t)
+                seconds, row = timed(run_task, ep, task, policy=policy)
+                times.append(seconds)
                 turns += row["turns"]
                 assert row["solved"] == (policy == "solution"), row
             out.append((policy, n / sum(times), turns / sum(times), statistics.median(times)))

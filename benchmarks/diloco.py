@@ -70,7 +70,8 @@ class _TinyLM:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
 
     def load_state_dict(self, state) -> None:
-        self.model.load_state_dict(state["model"]), self.optimizer.load_state_dict(state["optimizer"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
 
 
@@ -85,7 +86,8 @@ def _run(mode: str, trainer: _TinyLM, replica, barrier: threading.Barrier, steps
         trainer.optimizer.zero_grad()
         trainer.loss(s).backward()
         m.start_quorum()
-        [w.wait() for w in [m.allreduce(p.grad) for p in trainer.model.parameters() if p.grad is not None]]
+        for work in [m.allreduce(p.grad) for p in trainer.model.parameters() if p.grad is not None]:
+            work.wait()
         m.should_commit()
         trainer.optimizer.step()
 
@@ -110,7 +112,12 @@ def _train_pair(mode: str, sync_every: int, trainers: dict[int, _TinyLM], steps:
             rep.outer.__exit__(None, None, None)  # unhook DiLoCo: plain data parallel below
     barrier = threading.Barrier(2)
     threads = [threading.Thread(target=_run, args=(mode, trainers[i], reps[i], barrier, steps)) for i in reps]
-    [th.start() for th in threads], [th.join() for th in threads], [rep.shutdown() for rep in reps.values()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for rep in reps.values():
+        rep.shutdown()
     lighthouse.shutdown()
 
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import parser, record, table
+from benchmarks.report import parser, record, table, timed
 from composer_replication.ingestion import ClaudeCodeIngester
 
 _WORDS = ("the test fails because value parser returns None when input is empty fix edge case module function "
@@ -154,14 +154,6 @@ def _ingester(max_history_tokens: int | None, redact: bool = True):
     return ingest
 
 
-def _cpu(fn, path: Path) -> tuple[float, object]:
-    """CPU time (``time.process_time``) of one call: on a shared machine the wall clock measures the
-    neighbours; both sides are timed the same way."""
-    t0 = time.process_time()
-    out = fn(path)
-    return time.process_time() - t0, out
-
-
 CASES = (
     ("compaction every ~600 kB", 600_000, None),
     ("no compaction, max_history_tokens=32000", None, 32_000),
@@ -189,7 +181,8 @@ def run(mb: float, repeats: int) -> list[dict]:
                 fns |= {label: _ingester(budget), f"{label} (off)": _ingester(budget, redact=False)}
             for _ in range(repeats):
                 for name, fn in fns.items():
-                    t, outs[name] = _cpu(fn, path)
+                    # CPU time: on a shared machine the wall clock measures the neighbours; both sides alike
+                    t, outs[name] = timed(fn, path, clock=time.process_time)
                     best[name] = min(best.get(name, float("inf")), t)
             t_parse = min(best["bytes"], best["text"])  # the faster of two plain loops
             for label, _every, _budget in cases:

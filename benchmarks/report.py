@@ -113,6 +113,13 @@ def table(header: list[str], rows, rule: str | list[str] = "---") -> list[str]:
     return [f"| {' | '.join(header)} |", f"|{'|'.join(rules)}|", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
+def timed(fn, *args, clock=time.perf_counter, **kwargs) -> tuple[float, object]:
+    """``(seconds, fn(*args, **kwargs))``, the seconds by ``clock`` (``time.process_time``: this process's CPU time)."""
+    t0 = clock()
+    out = fn(*args, **kwargs)
+    return clock() - t0, out
+
+
 def metrics_rows(folder: Path) -> list[dict]:
     """The complete rows of ``folder/metrics.jsonl`` so far (none when it is not there yet)."""
     path = Path(folder) / "metrics.jsonl"
