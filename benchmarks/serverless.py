@@ -73,8 +73,7 @@ def _moto() -> tuple[object, dict]:
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
+    url = "http://{}:{}".format(*server.get_host_and_port())
     boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bench",
                  aws_secret_access_key="bench").create_bucket(Bucket="bench")
     return server, {"key": "bench", "secret": "bench", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}

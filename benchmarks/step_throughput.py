@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     states = _states(max(8, args.prompts * 4))
     samples = args.prompts * args.generations
-    ours = engine_side(args, states)
-    theirs = trl_side(args, states)
-    ablations = {"engine, generation without shared prefix": engine_side(args, states, share_generate=False),
-                 "engine, loss without shared prefix": engine_side(args, states, share_loss=False)} if args.ablate else {}
-    sides = {"engine (`StudentTrainerCore.train_step`)": ours, "TRL `GRPOTrainer`": theirs, **ablations}
+    sides = {"engine (`StudentTrainerCore.train_step`)": engine_side(args, states),
+             "TRL `GRPOTrainer`": trl_side(args, states)}
+    if args.ablate:
+        sides |= {"engine, generation without shared prefix": engine_side(args, states, share_generate=False),
+                  "engine, loss without shared prefix": engine_side(args, states, share_loss=False)}
     wall = {k: statistics.median(w for w, _ in v) for k, v in sides.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in sides.items()}
     (e, t), ratio = list(sides)[:2], wall[list(sides)[1]] / wall[list(sides)[0]]
