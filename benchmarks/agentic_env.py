@@ -118,8 +118,7 @@ def main() -> None:
         raise SystemExit(f"benchmarks.agentic_env needs bubblewrap: {reason}")
     tools, eps = tool_latency(args.calls), episodes(args.episodes)
     md = to_markdown(tools, eps, f"python -m benchmarks.agentic_env --calls {args.calls} --episodes {args.episodes}")
-    print(md)
-    record(args, "agentic_env", md)
+    record(args, "agentic_env", md, echo=True)
 
 
 if __name__ == "__main__":

@@ -222,8 +222,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (the best is kept)")
     args = p.parse_args()
     md = to_markdown(run(args.mb, args.repeats), f"python -m benchmarks.ingestion --mb {args.mb:g} --repeats {args.repeats}")
-    print(md)
-    record(args, "ingestion", md)
+    record(args, "ingestion", md, echo=True)
 
 
 if __name__ == "__main__":

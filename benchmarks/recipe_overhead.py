@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
           f"| plain (`run_plain`) | {psetup:.2f} | {plain:.3f} |\n| mesh (`StudentTrainer` + `Reducer`) | {msetup:.2f} | "
           f"{mesh:.3f} |\n\n**mesh / plain: {mesh / plain:.3f}** (target <= 1.10: "
           f"{'met' if mesh / plain <= 1.10 else 'not met'}); identical losses on both sides: {ptot == mtot}.\n")
-    print(md)
-    record(args, "recipe_overhead", md)
+    record(args, "recipe_overhead", md, echo=True)
     return 0
 
 

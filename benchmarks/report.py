@@ -101,8 +101,11 @@ def command(module: str, argv: list[str] | None = None) -> str:
     return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
-def record(args: argparse.Namespace, name: str, markdown: str) -> None:
-    """Write section ``name`` (:func:`write_section`) and say where, unless ``args.no_record``."""
+def record(args: argparse.Namespace, name: str, markdown: str, *, echo: bool = False) -> None:
+    """Write section ``name`` (:func:`write_section`) and say where, unless ``args.no_record``; ``echo``: print
+    ``markdown`` first."""
+    if echo:
+        print(markdown)
     if not args.no_record:
         print(f"wrote {write_section(name, markdown)}")
 

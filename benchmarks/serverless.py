@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rows = measure(args.sizes_mb, args.replicas, args.rounds, args.poll_interval_s)
     md = to_markdown(rows, args.replicas, args.rounds, args.poll_interval_s, command("serverless", argv))
-    print(md)
-    record(args, "serverless", md)
+    record(args, "serverless", md, echo=True)
 
 
 if __name__ == "__main__":

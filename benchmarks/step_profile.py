@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "Loss forward + backward of each channel alone, on step 0's batch (best of 2):", "",
         *table(["channel", "seconds", "tokens"], [[c, f"{s:.2f}", n] for c, s, n in channels]),
     ])
-    print(md)
-    record(args, "step_profile", md)
+    record(args, "step_profile", md, echo=True)
     return 0
 
 

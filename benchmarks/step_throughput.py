@@ -151,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 **Ratio: {ratio:.2f}x** TRL's samples per second ({cpu[t] / cpu[e]:.2f}x in CPU time; target >= 1.5x); why: the
 prose after this section.
 """
-    print(md)
-    record(args, "step_throughput", md)
+    record(args, "step_throughput", md, echo=True)
     return 0
 
 
