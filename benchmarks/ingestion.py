@@ -174,8 +174,7 @@ def run(mb: float, repeats: int) -> list[dict]:
             path = Path(tmp) / f"session-{every}.jsonl"
             turns = make_session(path, mb, compact_every=every)
             size = path.stat().st_size / 1e6
-            best: dict = {}
-            outs: dict = {}
+            best, outs = {}, {}
             fns = {"bytes": _bare_parse_bytes, "text": _bare_parse_text}
             for label, _, budget in cases:  # redaction on (the default) and off, side by side
                 fns |= {label: _ingester(budget), f"{label} (off)": _ingester(budget, redact=False)}
