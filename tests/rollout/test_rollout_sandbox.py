@@ -382,6 +382,20 @@ def test_command_runs_in_its_workspace_under_limits_and_leaves_nothing_behind(tm
     assert res.leftover_processes == 0 and res.isolation == ("bwrap" if mode == "require" else "none")
 
 
+def test_a_readable_path_under_the_hosts_tmp_is_visible_inside(tmp_path):
+    """The sandbox's /tmp is private; a readable path under the host's /tmp (pytest's tmp_path, a virtualenv in a CI
+    checkout under /tmp) is bound after it, so it stays readable."""
+    if not os_sandbox_status()[0]:
+        pytest.skip(f"no OS sandbox here: {os_sandbox_status()[1]}")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "lib.txt").write_text("visible\n")
+    (tmp_path / "w").mkdir()
+    res = run_command_sandboxed(["cat", str(shared / "lib.txt")], workdir=tmp_path / "w", mount="/w",
+                                readable_paths=[shared], os_sandbox="require")
+    assert res.returncode == 0 and res.output == "visible\n", res.output
+
+
 def test_command_timeout_kills_it_and_output_is_bounded(tmp_path):
     res = run_command_sandboxed(["bash", "-c", "echo started; sleep 60"], workdir=tmp_path, mount="/w",
                                 timeout_s=1.0, os_sandbox="auto")
