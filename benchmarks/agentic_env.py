@@ -7,8 +7,8 @@ sampling. Target (issue #21): bubblewrap adds at most 50 ms per tool call at the
 
 Tool calls: each tool on a small workspace, one call at a time; Bash and Grep (sandboxed) alternate
 ``os_sandbox="require"`` (bubblewrap) and ``"off"`` (the same code path without namespaces), so the overhead
-is a difference measured side by side. Episodes: a fixture task replayed from its recorded fix (Read, Edit,
-Bash running pytest, the final test run), and with no action; turns and episodes per second.
+is a difference measured side by side. Episodes: the first bundled training task (what the ``agentic`` preset
+trains on) replayed from its recorded fix, and with no action; turns and episodes per second.
 """
 
 from __future__ import annotations
@@ -18,25 +18,12 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.report import parser, record, table, timed
-from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, parse_task, run_task
+from composer_replication.data import bundled_path
+from composer_replication.rollout.agent import Episode, EpisodeConfig, ToolConfig, load_tasks, run_task
+from composer_replication.rollout.agent.tasks import BUNDLED_TASKS
 from composer_replication.rollout.agent.tools import Workspace
 from composer_replication.rollout.sandbox import os_sandbox_status
 
-PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-TASK = {
-    "task_id": "mean-empty",
-    "instruction": "mean([]) crashes with ZeroDivisionError; it should return 0.0.",
-    "files": {"stats.py": "def mean(xs):\n    return sum(xs) / len(xs)\n",
-              "tests/test_stats.py": "from stats import mean\n\n\ndef test_empty():\n    assert mean([]) == 0.0\n\n\n"
-                                     "def test_two():\n    assert mean([1, 3]) == 2\n"},
-    "test_command": PYTEST,
-    "solution_actions": [
-        {"name": "Read", "input": {"file_path": "stats.py"}},
-        {"name": "Edit", "input": {"file_path": "stats.py", "old_string": "    return sum(xs) / len(xs)",
-                                   "new_string": "    return sum(xs) / len(xs) if xs else 0.0"}},
-        {"name": "Bash", "input": {"command": " ".join(PYTEST)}},
-    ],
-}
 _EDIT = {"file_path": "pkg/mod_0.py"}
 CALLS = {  # tool -> argument sets, used in turn
     "Read": [{"file_path": "pkg/mod_0.py"}],
@@ -75,8 +62,9 @@ def tool_latency(n: int) -> list[tuple[str, float, float | None]]:
 
 
 def episodes(n: int) -> list[tuple[str, float, float, float]]:
-    """``(policy, episodes/s, turns/s, median s per episode)`` of the fixture task."""
-    task, out = parse_task(TASK), []
+    """``(policy, episodes/s, turns/s, median s per episode)`` of the first bundled training task (the ``agentic``
+    preset's), replayed from its ``solution_actions`` and with no action."""
+    task, out = load_tasks(bundled_path(BUNDLED_TASKS["train"]))[0], []
     with tempfile.TemporaryDirectory() as tmp, Episode(EpisodeConfig(workdir=tmp)) as ep:
         for policy in ("solution", "none"):
             times, turns = [], 0
@@ -91,8 +79,8 @@ def episodes(n: int) -> list[tuple[str, float, float, float]]:
 
 def to_markdown(tools: list, eps: list, cmd: str) -> str:
     """The agentic_env section of docs/benchmarks.md: tool-call latencies, then episodes."""
-    lines = ["# Agentic episodes", "", f"`{cmd}`: tool-call latency on a 20-file workspace and episodes of a "
-             "fixture task (Read, Edit, Bash running pytest, then the final test run). Median milliseconds; "
+    lines = ["# Agentic episodes", "", f"`{cmd}`: tool-call latency on a 20-file workspace and episodes of "
+             "the first bundled training task (its recorded fix, then the final test run). Median milliseconds; "
              "`off` is the same code path without bubblewrap, measured in alternation.", "",
              *table(["tool call", "sandbox (ms)", "without OS sandbox (ms)", "sandbox adds (ms)"],
                     [[name, f"{ms:.2f}", *(["-", "in-process"] if off is None else [f"{off:.2f}", f"{ms - off:+.1f}"])]
@@ -103,8 +91,8 @@ def to_markdown(tools: list, eps: list, cmd: str) -> str:
                      [[p, f"{e:.2f}", f"{t:.2f}" if t else "-", f"{s:.2f}"] for p, e, t, s in eps])]
     lines += ["", "An episode's cost is its test runs: `solution` runs pytest twice (its Bash call and the final "
               "run), `none` once (plus, once per task, the pristine baseline of the partial credit). Absolute "
-              "figures were taken on a shared, loaded machine; the sandbox's cost is a difference measured side by "
-              "side."]
+              "figures move with the machine's load (the stamp below); the sandbox's cost is a difference measured "
+              "side by side."]
     return "\n".join(lines)
 
 
