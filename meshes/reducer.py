@@ -63,7 +63,7 @@ def mean_metrics(replicas: Sequence[dict[str, float]]) -> dict[str, float]:
         keys.remove("episodes")
         out["episodes"] = [e for rep in replicas for e in rep.get("episodes", [])]
     synced = [rep for rep in replicas if rep.get("diloco/synced")]
-    out.update({k: max(float(r[k]) for r in synced if k in r) for k in keys if k in _SYNC_KEYS and synced})
+    out.update({k: max(v) for k in keys if k in _SYNC_KEYS and (v := [float(r[k]) for r in synced if k in r])})
     keys = [k for k in keys if k not in _SYNC_KEYS]
     for key in keys:
         vals = [float(rep[key]) for rep in replicas if key in rep and not math.isnan(float(rep[key]))]

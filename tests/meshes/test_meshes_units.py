@@ -53,6 +53,8 @@ def test_mean_metrics_takes_diloco_sync_keys_from_the_replicas_that_synced():
     assert out["diloco/outer_step"] == 3.0 and out["diloco/participants"] == 2.0 and out["loss/total"] == 2.0
     inner = mean_metrics([{**behind, "diloco/synced": 0.0}, {**synced, "diloco/synced": 0.0}])
     assert "diloco/outer_step" not in inner and "diloco/participants" not in inner  # no sync this step
+    only_behind = mean_metrics([synced, {**behind, "diloco/fragment": 1.0}])  # a key no synced replica sends
+    assert "diloco/fragment" not in only_behind and only_behind["diloco/outer_step"] == 3.0
 
 
 def test_fault_spec_parses_and_fires():
