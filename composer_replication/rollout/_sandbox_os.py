@@ -59,10 +59,10 @@ def bwrap_argv(bwrap: str, *, readable: Sequence[str] = (), disk_bytes: int = 64
             argv += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    argv += [a for d in python_dirs() for a in ("--ro-bind", d, d)]
     argv += ["--ro-bind", str(CHILD), "/.cr/child.py", "--ro-bind", str(FACTS), "/.cr/_sandbox_facts.py",
              "--proc", "/proc", "--dev", "/dev", "--size", str(disk_bytes), "--tmpfs", "/tmp", "--dir", "/tmp/work"]
-    argv += [a for d in readable for a in ("--ro-bind", d, d)]  # after the private /tmp: one under the host's stays
+    # host folders after the private /tmp, so that one under the host's /tmp (a venv, a checkout) stays visible
+    argv += [a for d in (*python_dirs(), *readable) for a in ("--ro-bind", d, d)]
     for host, dest in writable:
         argv += ["--bind", host, dest]
     argv += ["--remount-ro", "/", "--chdir", chdir, "--clearenv", "--setenv", "PATH", path,
